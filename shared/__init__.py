@@ -1,0 +1,1 @@
+"""Contracts and plumbing shared by every Signalbox service. Never run on its own."""

@@ -1,0 +1,60 @@
+"""The one Celery app factory every worker and client uses, so delivery settings never drift.
+
+Choices (explained in docs/operations.md): JSON only; ``acks_late`` with
+``task_reject_on_worker_lost`` so a task whose worker dies is delivered again; prefetch 1
+so a long task does not hold others hostage; the visibility timeout set both where the
+broker reads it and where the result backend reads it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+
+from shared.settings import CommonSettings
+
+ORCHESTRATOR_QUEUE = "orchestrator"
+TOOLS_QUEUE = "tools"
+SANDBOX_QUEUE = "tools.sandbox"
+
+RUN_TURN_TASK = "orchestrator.run_turn"
+RUN_TOOL_TASK = "tools.run_tool"
+
+
+def transport_options(settings: CommonSettings) -> dict[str, Any]:
+    """Broker/backend options: the visibility timeout and this deployment's key prefix."""
+    return {
+        "visibility_timeout": settings.visibility_timeout_s,
+        "global_keyprefix": settings.redis_prefix,
+    }
+
+
+def make_celery(name: str, settings: CommonSettings, include: list[str] | None = None) -> Celery:
+    """A Celery app on the deployment's Redis with Signalbox's delivery settings."""
+    app = Celery(name, broker=settings.redis_url, backend=settings.redis_url, include=include or [])
+    options = transport_options(settings)
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        broker_transport_options=options,
+        result_backend_transport_options=options,
+        result_expires=3600,
+        broker_connection_retry_on_startup=True,
+        worker_cancel_long_running_tasks_on_connection_loss=True,
+        worker_hijack_root_logger=False,
+        task_default_queue=TOOLS_QUEUE,
+        task_routes={
+            "orchestrator.*": {"queue": ORCHESTRATOR_QUEUE},
+            "tools.run_sandboxed": {"queue": SANDBOX_QUEUE},
+            "tools.*": {"queue": TOOLS_QUEUE},
+        },
+        timezone="UTC",
+        enable_utc=True,
+    )
+    return app

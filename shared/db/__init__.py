@@ -1,0 +1,32 @@
+"""SQL: the source of truth. Models, engine/session factory and migrations."""
+
+from shared.db.models import (
+    ApiToken,
+    Base,
+    Conversation,
+    Message,
+    Outbox,
+    Proposal,
+    ProposalFile,
+    ToolCall,
+    Turn,
+    User,
+    Workspace,
+)
+from shared.db.session import make_engine, make_session_factory
+
+__all__ = [
+    "ApiToken",
+    "Base",
+    "Conversation",
+    "Message",
+    "Outbox",
+    "Proposal",
+    "ProposalFile",
+    "ToolCall",
+    "Turn",
+    "User",
+    "Workspace",
+    "make_engine",
+    "make_session_factory",
+]

@@ -1,0 +1,207 @@
+"""SQLAlchemy 2 models of everything durable: users, conversations, turns, the transcript,
+tool calls, proposals, and the outbox of decisions still to publish."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def now() -> datetime:
+    """The current UTC time, as stored."""
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of every Signalbox table."""
+
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: DateTime(timezone=True)}
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    selected_workspace: Mapped[str] = mapped_column(String(100), default="default")
+    created_at: Mapped[datetime] = mapped_column(default=now)
+
+
+class ApiToken(Base):
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=now)
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class Workspace(Base):
+    __tablename__ = "workspaces"
+    __table_args__ = (UniqueConstraint("user_id", "name"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(default=now)
+
+
+class Conversation(Base):
+    __tablename__ = "conversations"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
+    workspace: Mapped[str] = mapped_column(String(100))
+    title: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[datetime] = mapped_column(default=now)
+
+    turns: Mapped[list[Turn]] = relationship(back_populates="conversation", order_by="Turn.seq")
+
+
+class Turn(Base):
+    """One user message and everything the agent did for it.
+
+    ``status``: queued → running ⇄ parked → completed | cancelled | failed | step_limit.
+    """
+
+    __tablename__ = "turns"
+    __table_args__ = (UniqueConstraint("conversation_id", "client_turn_id"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    conversation_id: Mapped[str] = mapped_column(ForeignKey("conversations.id"), index=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
+    seq: Mapped[int] = mapped_column(Integer, default=0)
+    text: Mapped[str] = mapped_column(Text)
+    client_turn_id: Mapped[str | None] = mapped_column(String(200), default=None)
+    client_tools: Mapped[list[Any] | None] = mapped_column(default=None)
+    parent_call_id: Mapped[str | None] = mapped_column(String(40), default=None)
+    status: Mapped[str] = mapped_column(String(20), default="queued", index=True)
+    step: Mapped[int] = mapped_column(Integer, default=0)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    model: Mapped[str | None] = mapped_column(String(100), default=None)
+    input_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    output_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=now)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+
+    conversation: Mapped[Conversation] = relationship(back_populates="turns")
+
+
+class Message(Base):
+    """One message of the transcript, in Anthropic content-block form.
+
+    Tool results are not stored here: they are built from ``ToolCall`` rows, so every
+    ``tool_use`` always has exactly one ``tool_result``.
+    """
+
+    __tablename__ = "messages"
+    __table_args__ = (UniqueConstraint("conversation_id", "seq"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    conversation_id: Mapped[str] = mapped_column(ForeignKey("conversations.id"), index=True)
+    turn_id: Mapped[str] = mapped_column(ForeignKey("turns.id"), index=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer, default=0)
+    role: Mapped[str] = mapped_column(String(20))
+    content: Mapped[list[Any]] = mapped_column()
+    input_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    output_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(default=now)
+
+
+class ToolCall(Base):
+    """One ``tool_use`` of the model and its single result.
+
+    ``status``: pending | needs_decision | running, then exactly one of
+    ok | error | timeout | denied | cancelled | lost.
+    """
+
+    __tablename__ = "tool_calls"
+    __table_args__ = (UniqueConstraint("message_id", "position"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    turn_id: Mapped[str] = mapped_column(ForeignKey("turns.id"), index=True)
+    message_id: Mapped[str] = mapped_column(ForeignKey("messages.id"), index=True)
+    position: Mapped[int] = mapped_column(Integer)
+    tool_use_id: Mapped[str] = mapped_column(String(100))
+    tool: Mapped[str] = mapped_column(String(200))
+    input: Mapped[dict[str, Any]] = mapped_column()
+    executor: Mapped[str] = mapped_column(String(10), default="server")
+    status: Mapped[str] = mapped_column(String(20), default="pending", index=True)
+    timeout_s: Mapped[float] = mapped_column(default=30.0)
+    output: Mapped[str | None] = mapped_column(Text, default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    decision: Mapped[str | None] = mapped_column(String(20), default=None)
+    expires_at: Mapped[datetime | None] = mapped_column(default=None)
+    token_hash: Mapped[str | None] = mapped_column(String(64), default=None)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    duration_ms: Mapped[int | None] = mapped_column(Integer, default=None)
+
+
+class Proposal(Base):
+    """A set of file changes an agent proposed; a human approves or rejects it."""
+
+    __tablename__ = "proposals"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
+    conversation_id: Mapped[str] = mapped_column(ForeignKey("conversations.id"), index=True)
+    turn_id: Mapped[str | None] = mapped_column(String(40), default=None)
+    call_id: Mapped[str | None] = mapped_column(String(40), default=None)
+    workspace: Mapped[str] = mapped_column(String(100))
+    summary: Mapped[str] = mapped_column(Text, default="")
+    status: Mapped[str] = mapped_column(String(20), default="pending", index=True)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[datetime] = mapped_column(default=now)
+    decided_at: Mapped[datetime | None] = mapped_column(default=None)
+    decided_by: Mapped[str | None] = mapped_column(String(40), default=None)
+    reason: Mapped[str | None] = mapped_column(Text, default=None)
+
+    files: Mapped[list[ProposalFile]] = relationship(
+        back_populates="proposal", order_by="ProposalFile.position", cascade="all, delete-orphan"
+    )
+
+
+class ProposalFile(Base):
+    __tablename__ = "proposal_files"
+    __table_args__ = (UniqueConstraint("proposal_id", "position"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    proposal_id: Mapped[str] = mapped_column(ForeignKey("proposals.id"), index=True)
+    position: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(Text)
+    operation: Mapped[str] = mapped_column(String(10))
+    before: Mapped[str | None] = mapped_column(Text, default=None)
+    after: Mapped[str | None] = mapped_column(Text, default=None)
+    before_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
+
+    proposal: Mapped[Proposal] = relationship(back_populates="files")
+
+
+class Outbox(Base):
+    """A message committed with the state change it announces, published by a relay."""
+
+    __tablename__ = "outbox"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    topic: Mapped[str] = mapped_column(String(50))
+    payload: Mapped[dict[str, Any]] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(default=now)
+    sent_at: Mapped[datetime | None] = mapped_column(default=None, index=True)

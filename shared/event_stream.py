@@ -1,0 +1,163 @@
+"""A conversation's events on a Redis Stream: append, and read everything after an id.
+
+Redis assigns the ids, so they increase within a conversation and a client can resume
+from the last one it saw. The stream is capped; a resume from before the cap is a
+``ReplayGap`` and the client reloads the conversation over HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from shared.events import EVENT_DATA, Event, EventKind, utc_now
+from shared.redis_keys import RedisKeys
+
+STREAM_MAXLEN = 10_000  # events kept per conversation; older ones answer replay_gap
+_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+
+
+class ReplayGap(Exception):
+    """The requested id is older than what the stream still keeps."""
+
+
+def check_event_id(event_id: str) -> str:
+    """Return ``event_id`` if it has the shape of a stream id, else raise ``ValueError``."""
+    if not _ID.match(event_id):
+        raise ValueError(f"expected an event id like '1700000000000-0', got {event_id!r}")
+    return event_id
+
+
+def _id_tuple(event_id: str) -> tuple[int, int]:
+    ms, seq = event_id.split("-")
+    return int(ms), int(seq)
+
+
+def id_after(a: str, b: str) -> bool:
+    """True when event id ``a`` comes after ``b``."""
+    return _id_tuple(a) > _id_tuple(b)
+
+
+def encode(kind: EventKind, data: Mapping[str, Any], turn_id: str | None) -> dict[str, str]:
+    """The stream entry of one event; ``data`` is checked against its kind's model."""
+    model = EVENT_DATA[kind]
+    checked = model.model_validate(dict(data)).model_dump(mode="json")
+    body = {"turn_id": turn_id, "ts": utc_now(), "kind": kind, "data": checked}
+    return {"e": json.dumps(body, separators=(",", ":"))}
+
+
+def decode(conversation_id: str, event_id: Any, fields: Any) -> Event:
+    """An ``Event`` from a stream entry."""
+    raw = fields.get("e", fields.get(b"e"))
+    body = json.loads(raw)
+    eid = event_id.decode() if isinstance(event_id, bytes) else event_id
+    return Event(conversation_id=conversation_id, id=eid, **body)
+
+
+def _gap(info: Mapping[Any, Any], after: str) -> bool:
+    deleted = info.get("max-deleted-entry-id", info.get(b"max-deleted-entry-id"))
+    if deleted is None:  # Redis < 7 does not report trimming; only a full stream can have trimmed
+        length = int(info.get("length", info.get(b"length", 0)))
+        first = info.get("first-entry", info.get(b"first-entry"))
+        if not first or length < STREAM_MAXLEN:
+            return False
+        first_id = first[0].decode() if isinstance(first[0], bytes) else first[0]
+        return id_after(first_id, after)
+    deleted_id = deleted.decode() if isinstance(deleted, bytes) else str(deleted)
+    return deleted_id != "0-0" and not id_after(after, deleted_id)
+
+
+class EventStream:
+    """Synchronous access for workers and services that are not asyncio."""
+
+    def __init__(self, client: redis.Redis, keys: RedisKeys) -> None:
+        self.client = client
+        self.keys = keys
+
+    def append(
+        self,
+        conversation_id: str,
+        kind: EventKind,
+        data: Mapping[str, Any],
+        turn_id: str | None = None,
+    ) -> str:
+        """Append one event and return its id."""
+        event_id = self.client.xadd(
+            self.keys.events(conversation_id),
+            encode(kind, data, turn_id),  # type: ignore[arg-type]
+            maxlen=STREAM_MAXLEN,
+            approximate=True,
+        )
+        return event_id.decode() if isinstance(event_id, bytes) else str(event_id)
+
+    def read_after(
+        self, conversation_id: str, after: str | None, count: int | None = None
+    ) -> list[Event]:
+        """Stored events after ``after`` (None: from the start); ``ReplayGap`` if trimmed."""
+        key = self.keys.events(conversation_id)
+        if after is not None:
+            check_event_id(after)
+            if self.client.exists(key) and _gap(self.client.xinfo_stream(key), after):
+                raise ReplayGap(after)
+        start = "-" if after is None else f"({after}"
+        entries: Any = self.client.xrange(key, min=start, max="+", count=count)
+        return [decode(conversation_id, eid, fields) for eid, fields in entries]
+
+
+class AsyncEventStream:
+    """asyncio access for the gateway."""
+
+    def __init__(self, client: aioredis.Redis, keys: RedisKeys) -> None:
+        self.client = client
+        self.keys = keys
+
+    async def append(
+        self,
+        conversation_id: str,
+        kind: EventKind,
+        data: Mapping[str, Any],
+        turn_id: str | None = None,
+    ) -> str:
+        """Append one event and return its id."""
+        event_id = await self.client.xadd(
+            self.keys.events(conversation_id),
+            encode(kind, data, turn_id),  # type: ignore[arg-type]
+            maxlen=STREAM_MAXLEN,
+            approximate=True,
+        )
+        return event_id.decode() if isinstance(event_id, bytes) else str(event_id)
+
+    async def read_after(
+        self, conversation_id: str, after: str | None, count: int | None = None
+    ) -> list[Event]:
+        """Stored events after ``after`` (None: from the start); ``ReplayGap`` if trimmed."""
+        key = self.keys.events(conversation_id)
+        if after is not None:
+            check_event_id(after)
+            if await self.client.exists(key) and _gap(await self.client.xinfo_stream(key), after):
+                raise ReplayGap(after)
+        start = "-" if after is None else f"({after}"
+        entries: Any = await self.client.xrange(key, min=start, max="+", count=count)
+        return [decode(conversation_id, eid, fields) for eid, fields in entries]
+
+    async def last_id(self, conversation_id: str) -> str:
+        """The newest event id of a conversation, ``0-0`` when it has none."""
+        entries = await self.client.xrevrange(self.keys.events(conversation_id), count=1)
+        if not entries:
+            return "0-0"
+        eid = entries[0][0]
+        return eid.decode() if isinstance(eid, bytes) else str(eid)
+
+    async def wait_after(self, conversation_id: str, after: str, block_ms: int) -> list[Event]:
+        """Block up to ``block_ms`` for events after ``after`` (a concrete id, never ``$``)."""
+        key = self.keys.events(conversation_id)
+        reply: Any = await self.client.xread({key: after}, block=block_ms)
+        events: list[Event] = []
+        for _stream, entries in reply or []:
+            events.extend(decode(conversation_id, eid, fields) for eid, fields in entries)
+        return events

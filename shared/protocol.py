@@ -1,0 +1,204 @@
+"""WebSocket frames of PROTOCOL.md as tagged pydantic models, parsed at the edge by one adapter.
+
+Client frames form one discriminated union (``ClientFrame``) read by ``parse_client_frame``;
+server frames are small models serialised with ``frame.model_dump_json()``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+ErrorCode = Literal[
+    "bad_frame",
+    "unknown_type",
+    "not_found",
+    "conflict",
+    "rate_limited",
+    "turn_busy",
+    "replay_gap",
+    "unavailable",
+    "internal",
+]
+
+CLIENT_FRAME_TYPES = (
+    "subscribe",
+    "unsubscribe",
+    "user_turn",
+    "cancel",
+    "decide_tool",
+    "decide_proposal",
+    "answer",
+    "tool_result",
+    "ping",
+)
+
+
+class _Frame(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    req: str | None = None
+
+
+class ClientToolSpec(BaseModel):
+    """A tool the client runs itself, declared on ``user_turn``."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str = ""
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    timeout_s: float = Field(default=60.0, gt=0, le=3600)
+
+
+class Subscribe(_Frame):
+    """Subscribe to a conversation, replaying every stored event after ``after``."""
+
+    type: Literal["subscribe"]
+    conversation_id: str
+    after: str | None = None
+
+
+class Unsubscribe(_Frame):
+    """Stop receiving a conversation's events."""
+
+    type: Literal["unsubscribe"]
+    conversation_id: str
+
+
+class UserTurn(_Frame):
+    """A user's message; ``conversation_id`` null starts a new conversation."""
+
+    type: Literal["user_turn"]
+    conversation_id: str | None = None
+    text: str = Field(min_length=1)
+    client_turn_id: str | None = Field(default=None, max_length=200)
+    workspace: str | None = None
+    client_tools: list[ClientToolSpec] | None = None
+
+
+class Cancel(_Frame):
+    """Cancel a queued or running turn."""
+
+    type: Literal["cancel"]
+    turn_id: str
+
+
+class DecideTool(_Frame):
+    """A human's decision on a tool call that needs one."""
+
+    type: Literal["decide_tool"]
+    call_id: str
+    decision: Literal["allow", "deny"]
+    reason: str | None = None
+
+
+class DecideProposal(_Frame):
+    """Approve or reject a proposal."""
+
+    type: Literal["decide_proposal"]
+    proposal_id: str
+    decision: Literal["approve", "reject"]
+    reason: str | None = None
+
+
+class Answer(_Frame):
+    """The human's answer to an ``ask_user`` question."""
+
+    type: Literal["answer"]
+    question_id: str
+    text: str
+
+
+class ClientToolResult(_Frame):
+    """The result of a client tool, authorised by the single-use token of its call."""
+
+    type: Literal["tool_result"]
+    call_id: str
+    token: str
+    output: str
+    is_error: bool = False
+
+
+class Ping(_Frame):
+    """Liveness check; answered with ``pong``."""
+
+    type: Literal["ping"]
+
+
+ClientFrame = Annotated[
+    Subscribe
+    | Unsubscribe
+    | UserTurn
+    | Cancel
+    | DecideTool
+    | DecideProposal
+    | Answer
+    | ClientToolResult
+    | Ping,
+    Field(discriminator="type"),
+]
+
+_client_frame_adapter: TypeAdapter[ClientFrame] = TypeAdapter(ClientFrame)
+
+
+class FrameError(ValueError):
+    """A client frame that cannot be used; ``code`` is the protocol's error code."""
+
+    def __init__(self, code: ErrorCode, message: str, req: str | None = None) -> None:
+        super().__init__(message)
+        self.code: ErrorCode = code
+        self.message = message
+        self.req = req
+
+
+def parse_client_frame(raw: str | bytes) -> ClientFrame:
+    """Parse one client frame, or raise ``FrameError`` with ``bad_frame``/``unknown_type``."""
+    import json
+
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FrameError("bad_frame", f"frame is not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise FrameError("bad_frame", f"expected a JSON object, got {type(obj).__name__}")
+    req = obj.get("req")
+    req = req if isinstance(req, str) else None
+    kind = obj.get("type")
+    if kind not in CLIENT_FRAME_TYPES:
+        raise FrameError("unknown_type", f"unknown frame type {kind!r}", req)
+    try:
+        return _client_frame_adapter.validate_python(obj)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"][1:]) or "frame"
+        raise FrameError("bad_frame", f"{kind}: {where}: {first['msg']}", req) from None
+
+
+class Ack(BaseModel):
+    """Reply to a frame that worked; extra fields depend on the frame."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["ack"] = "ack"
+    req: str | None = None
+
+
+class ErrorFrame(BaseModel):
+    """Reply to a frame that did not work."""
+
+    type: Literal["error"] = "error"
+    req: str | None = None
+    code: ErrorCode
+    message: str
+
+
+class Pong(BaseModel):
+    """Reply to ``ping``."""
+
+    type: Literal["pong"] = "pong"
+    req: str | None = None
+
+
+class Heartbeat(BaseModel):
+    """Sent on an idle socket every ``heartbeat_s``."""
+
+    type: Literal["heartbeat"] = "heartbeat"
+    ts: str

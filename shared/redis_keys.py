@@ -1,0 +1,54 @@
+"""Every Redis key and channel name Signalbox uses, in one place, under one deployment prefix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RedisKeys:
+    """Key names for a deployment; ``prefix`` keeps parallel deployments (and test runs) apart."""
+
+    prefix: str = "sb:"
+
+    def events(self, conversation_id: str) -> str:
+        """The conversation's event stream (Redis Stream, replayable by id)."""
+        return f"{self.prefix}events:{conversation_id}"
+
+    def tool_results(self, turn_id: str) -> str:
+        """Stream of tool results of one turn, written by tool workers, read by the orchestrator."""
+        return f"{self.prefix}results:{turn_id}"
+
+    def call_claim(self, call_id: str) -> str:
+        """Set by the first tool worker that starts a call; a redelivery sees it."""
+        return f"{self.prefix}claim:call:{call_id}"
+
+    def turn_lease(self, turn_id: str) -> str:
+        """Who runs a turn right now (one runner per turn)."""
+        return f"{self.prefix}lease:turn:{turn_id}"
+
+    def tool_catalogue(self) -> str:
+        """Sorted set of live tool-worker catalogue keys, scored by expiry time."""
+        return f"{self.prefix}tools:workers"
+
+    def tool_worker(self, worker_id: str) -> str:
+        """One tool worker's published catalogue (JSON), with a TTL refreshed while it lives."""
+        return f"{self.prefix}tools:worker:{worker_id}"
+
+    def ws_ticket(self, ticket: str) -> str:
+        """A single-use WebSocket ticket."""
+        return f"{self.prefix}ws-ticket:{ticket}"
+
+    def rate(self, user_id: str, window: int) -> str:
+        """Per-user frame counter for one rate-limit window."""
+        return f"{self.prefix}rate:{user_id}:{window}"
+
+    @property
+    def approvals_channel(self) -> str:
+        """Pub/sub channel of proposal decisions."""
+        return f"{self.prefix}approvals"
+
+    @property
+    def control_channel(self) -> str:
+        """Pub/sub channel of turn control messages (cancel, decisions)."""
+        return f"{self.prefix}control"

@@ -1,0 +1,1 @@
+"""The ``signalbox`` command: runs every service on one machine, and the admin tools."""

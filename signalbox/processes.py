@@ -1,0 +1,165 @@
+"""Child processes of one Signalbox stack: start, wait until ready, stop the whole group."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+READY_TIMEOUT_S = 60.0
+
+
+class StartError(RuntimeError):
+    """A child did not become ready; the message holds the tail of its log."""
+
+
+@dataclass
+class Child:
+    """One service process; its output goes to ``log_path``."""
+
+    name: str
+    args: list[str]
+    log_path: Path
+    env: dict[str, str]
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start the child in its own session so that stopping it stops its workers too."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.args,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    @property
+    def pid(self) -> int:
+        """The child's pid (also its process-group id)."""
+        assert self.process is not None
+        return self.process.pid
+
+    def alive(self) -> bool:
+        """True while the child runs."""
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the child's output."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no output)"
+
+    def signal_group(self, sig: int) -> None:
+        """Send ``sig`` to the child's whole process group."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, sig)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM the group, then SIGKILL what is left after ``timeout_s``."""
+        if self.process is None:
+            return
+        self.signal_group(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=timeout_s)
+        self.signal_group(signal.SIGKILL)  # celery prefork children outlive a killed parent
+        if self.process.poll() is None:
+            self.process.wait()
+
+    def wait_ready(self, check: Callable[[], bool], timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Poll ``check`` until it holds, failing early if the child exits."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise StartError(f"{self.name} exited during start-up:\n{self.log_tail()}")
+            if check():
+                return
+            time.sleep(0.05)  # readiness of another process: polled, with a deadline
+        raise StartError(f"{self.name} not ready within {timeout_s} s:\n{self.log_tail()}")
+
+
+def http_ok(url: str) -> Callable[[], bool]:
+    """A readiness check: ``url`` answers 200."""
+
+    def check() -> bool:
+        try:
+            return httpx.get(url, timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    return check
+
+
+def log_contains(child: Child, text: str) -> Callable[[], bool]:
+    """A readiness check: the child's log contains ``text`` (Celery prints ``ready.``)."""
+
+    def check() -> bool:
+        try:
+            return text in child.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return False
+
+    return check
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    """``python -m module args`` with this interpreter."""
+    return [sys.executable, "-m", module, *args]
+
+
+@dataclass
+class ServiceCommands:
+    """The command line of each service; docker-compose.yml runs the same entry points."""
+
+    host: str = "127.0.0.1"
+    tools_concurrency: int = 4
+    orchestrator_concurrency: int = 8
+    extra: dict[str, list[str]] = field(default_factory=dict)
+
+    def gateway(self, port: int) -> list[str]:
+        return python_module(
+            "uvicorn", "services.gateway.app:create_app", "--factory",
+            "--host", self.host, "--port", str(port), "--no-access-log",
+        )  # fmt: skip
+
+    def proposals(self, port: int) -> list[str]:
+        return python_module(
+            "uvicorn", "services.proposals.app:create_app", "--factory",
+            "--host", self.host, "--port", str(port), "--no-access-log",
+        )  # fmt: skip
+
+    def orchestrator(self, name: str) -> list[str]:
+        return python_module(
+            "celery", "-A", "services.orchestrator.worker:app", "worker",
+            "-Q", "orchestrator", "--pool", "threads",
+            "-c", str(self.orchestrator_concurrency), "-n", name, "--without-gossip",
+            "--without-mingle", "--loglevel", "INFO",
+        )  # fmt: skip
+
+    def tools(self, name: str, queues: str = "tools,tools.sandbox") -> list[str]:
+        return python_module(
+            "celery", "-A", "services.tools.worker:app", "worker",
+            "-Q", queues, "--pool", "prefork",
+            "-c", str(self.tools_concurrency), "-n", name, "--without-gossip",
+            "--without-mingle", "--loglevel", "INFO",
+        )  # fmt: skip
+
+
+def child_env(base: Mapping[str, str], overrides: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a child: ``base`` plus ``overrides``, unbuffered output."""
+    env = dict(base)
+    env.update(overrides)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env

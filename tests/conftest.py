@@ -1,0 +1,158 @@
+"""Fixtures every test folder shares: a real Redis, a real SQL database, users, a whole stack.
+
+``SIGNALBOX_REDIS_URL`` / ``SIGNALBOX_DATABASE_URL`` are honoured; when unset the tests
+start their own Redis and use a SQLite file. Each run gets its own Redis key prefix (and
+its own PostgreSQL database), so parallel runs never collide.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from shared.db import make_engine, make_session_factory
+from shared.db.migrate import upgrade
+from shared.db.users import create_user
+from shared.redis_keys import RedisKeys
+from signalbox.redis_server import find_or_start_redis
+from signalbox.stack import Stack, StackConfig
+
+
+@pytest.fixture(scope="session")
+def run_id() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    server = find_or_start_redis(
+        os.environ.get("SIGNALBOX_REDIS_URL"), tmp_path_factory.mktemp("redis"), persistent=False
+    )
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_prefix(run_id: str) -> str:
+    return f"sbtest-{run_id}:"
+
+
+@pytest.fixture(scope="session")
+def keys(redis_prefix: str) -> RedisKeys:
+    return RedisKeys(redis_prefix)
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+def _fresh_postgres(url: str, name: str) -> tuple[str, Callable[[], None]]:
+    admin: Engine = create_engine(
+        make_engine(url).url.render_as_string(hide_password=False), isolation_level="AUTOCOMMIT"
+    )
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    fresh = make_engine(url).url.set(database=name).render_as_string(hide_password=False)
+
+    def drop() -> None:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+    return fresh, drop
+
+
+@pytest.fixture(scope="session")
+def database_url(tmp_path_factory: pytest.TempPathFactory, run_id: str) -> Iterator[str]:
+    given = os.environ.get("SIGNALBOX_DATABASE_URL")
+    if given and given.startswith("postgres"):
+        url, drop = _fresh_postgres(given, f"sbtest_{run_id}")
+    else:
+        url = f"sqlite:///{tmp_path_factory.mktemp('sql') / 'signalbox.db'}"
+        drop = None
+    upgrade(url)
+    yield url
+    if drop:
+        drop()
+
+
+@pytest.fixture(scope="session")
+def db_sessions(database_url: str) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(database_url)
+    yield make_session_factory(engine)
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def internal_token() -> str:
+    return secrets.token_urlsafe(24)
+
+
+@pytest.fixture
+def make_user(db_sessions: sessionmaker[Session]) -> Callable[[], tuple[str, str]]:
+    """A factory: each call creates a user and returns ``(user_id, token)``."""
+
+    def make() -> tuple[str, str]:
+        with db_sessions() as session:
+            user, token = create_user(session, f"user-{uuid.uuid4().hex[:8]}")
+            session.commit()
+            return user.id, token
+
+    return make
+
+
+@pytest.fixture
+def service_env(
+    monkeypatch: pytest.MonkeyPatch,
+    redis_url: str,
+    redis_prefix: str,
+    database_url: str,
+    internal_token: str,
+    tmp_path: Path,
+) -> dict[str, str]:
+    """Set the ``SIGNALBOX_*`` variables for an in-process service under test."""
+    env = {
+        "SIGNALBOX_REDIS_URL": redis_url,
+        "SIGNALBOX_REDIS_PREFIX": redis_prefix,
+        "SIGNALBOX_DATABASE_URL": database_url,
+        "SIGNALBOX_WORKSPACES_ROOT": str(tmp_path / "workspaces"),
+        "SIGNALBOX_INTERNAL_TOKEN": internal_token,
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    return env
+
+
+@pytest.fixture(scope="session")
+def stack(
+    tmp_path_factory: pytest.TempPathFactory,
+    redis_url: str,
+    redis_prefix: str,
+    database_url: str,
+    internal_token: str,
+) -> Iterator[Stack]:
+    """Every service as a real process (demo model), shared by the end-to-end tests."""
+    config = StackConfig(
+        var_dir=tmp_path_factory.mktemp("stack"),
+        redis_url=redis_url,
+        database_url=database_url,
+        internal_token=internal_token,
+        redis_prefix=redis_prefix + "stack:",
+        extra_env={"ANTHROPIC_API_KEY": ""},
+    )
+    s = Stack(config)
+    s.start()
+    yield s
+    s.stop()
