@@ -1,0 +1,185 @@
+"""One real turn through all four services, as separate processes, over a real WebSocket."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from websockets.exceptions import InvalidStatus
+
+from shared.event_stream import EventStream, id_after
+from shared.redis_keys import RedisKeys
+from signalbox.stack import Stack
+from tests.wsclient import Frame, WsClient, kinds
+
+TURN_TIMEOUT_S = 60.0
+
+
+@pytest.fixture
+def user(make_user: Callable[[], tuple[str, str]], stack: Stack) -> tuple[str, str]:
+    """A user with a default workspace holding a couple of files."""
+    user_id, token = make_user()
+    ws = stack.config.workspaces_root / user_id / "default"
+    ws.mkdir(parents=True)
+    (ws / "README.md").write_text("# demo\nTODO: write the docs\n")
+    (ws / "app.py").write_text("print('hello')  # FIXME greet by name\n")
+    return user_id, token
+
+
+@pytest.fixture
+def client(stack: Stack, user: tuple[str, str]) -> Iterator[WsClient]:
+    c = WsClient(stack.gateway_url, user[1])
+    yield c
+    c.close()
+
+
+def workspace(stack: Stack, user_id: str) -> Path:
+    return stack.config.workspaces_root / user_id / "default"
+
+
+def start_turn(client: WsClient, text: str, conversation_id: str | None = None) -> Frame:
+    ack = client.request(
+        {"type": "user_turn", "conversation_id": conversation_id, "text": text}, timeout_s=15
+    )
+    assert ack["type"] == "ack", ack
+    assert ack["conversation_id"] and ack["turn_id"]
+    return ack
+
+
+def turn_events(client: WsClient, turn_id: str) -> list[Frame]:
+    client.wait_event("turn_finished", timeout_s=TURN_TIMEOUT_S)
+    return [e for e in client.events if e["turn_id"] == turn_id]
+
+
+def test_turn_runs_tools_in_parallel_and_proposes_a_file(
+    stack: Stack, user: tuple[str, str], client: WsClient
+) -> None:
+    ack = start_turn(client, "look around, then create hello.txt")
+    events = turn_events(client, ack["turn_id"])
+    seq = kinds(events)
+
+    assert seq[0] == "turn_queued"
+    assert seq[1] == "turn_started"
+    assert "text_delta" in seq
+    assert seq[-1] == "turn_finished"
+    assert events[-1]["data"]["status"] == "completed", events[-1]
+    ids = [e["id"] for e in events]
+    assert all(id_after(b, a) for a, b in itertools.pairwise(ids)), "ids must increase"
+
+    # The first tool step: at least two calls announced before any of them finished.
+    started = [i for i, k in enumerate(seq) if k == "tool_call_started"]
+    finished = [i for i, k in enumerate(seq) if k == "tool_call_finished"]
+    assert len(started) >= 3 and len(finished) == len(started)
+    assert started[1] < finished[0], f"the first two calls did not overlap: {seq}"
+    for i in finished:
+        assert events[i]["data"]["status"] == "ok", events[i]
+    tools = {events[i]["data"]["tool"] for i in started}
+    assert {"list_dir", "search_files", "write_file"} <= tools
+
+    created = [e for e in events if e["kind"] == "proposal_created"]
+    assert len(created) == 1
+    assert created[0]["data"]["files"] == [{"path": "hello.txt", "operation": "create"}]
+    assert "[offline demo model" in "".join(
+        e["data"]["text"] for e in events if e["kind"] == "text_delta"
+    )
+
+    # Nothing is written before a human approves.
+    target = workspace(stack, user[0]) / "hello.txt"
+    assert not target.exists()
+
+    proposal_id = created[0]["data"]["proposal_id"]
+    auth = {"Authorization": f"Bearer {user[1]}"}
+    r = httpx.post(f"{stack.gateway_url}/api/proposals/{proposal_id}/approve", headers=auth)
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "applied"
+    assert target.exists()
+    resolved = client.wait_event("proposal_resolved", proposal_id=proposal_id)
+    assert resolved["data"]["status"] == "applied"
+
+    # Approving again is harmless: same answer, no second write.
+    mtime = target.stat().st_mtime_ns
+    again = httpx.post(f"{stack.gateway_url}/api/proposals/{proposal_id}/approve", headers=auth)
+    assert again.status_code == 200 and again.json()["status"] == "applied"
+    assert target.stat().st_mtime_ns == mtime
+
+
+def test_stale_proposal_answers_409_and_writes_nothing(
+    stack: Stack, user: tuple[str, str], client: WsClient
+) -> None:
+    ack = start_turn(client, "create notes.md")
+    events = turn_events(client, ack["turn_id"])
+    created = [e for e in events if e["kind"] == "proposal_created"]
+    assert len(created) == 1
+    target = workspace(stack, user[0]) / "notes.md"
+    target.write_text("written by a human meanwhile\n")
+
+    r = httpx.post(
+        f"{stack.gateway_url}/api/proposals/{created[0]['data']['proposal_id']}/approve",
+        headers={"Authorization": f"Bearer {user[1]}"},
+    )
+    assert r.status_code == 409, r.text
+    assert target.read_text() == "written by a human meanwhile\n"
+
+
+def test_reconnect_with_last_event_id_gets_every_later_event_once(
+    stack: Stack, user: tuple[str, str], redis_url: str
+) -> None:
+    first = WsClient(stack.gateway_url, user[1])
+    ack = start_turn(first, "look around")
+    first.wait_event("turn_started", timeout_s=TURN_TIMEOUT_S)
+    seen = list(first.events)
+    first.close()  # dropped mid-turn
+
+    second = WsClient(stack.gateway_url, user[1])
+    try:
+        reply = second.request(
+            {
+                "type": "subscribe",
+                "conversation_id": ack["conversation_id"],
+                "after": seen[-1]["id"],
+            }
+        )
+        assert reply["type"] == "ack", reply
+        second.wait_event("turn_finished", timeout_s=TURN_TIMEOUT_S)
+    finally:
+        second.close()
+
+    received = seen + second.events
+    ids = [e["id"] for e in received]
+    assert len(ids) == len(set(ids)), "an event was delivered twice"
+    client = redis.Redis.from_url(redis_url)
+    stored = EventStream(client, RedisKeys(stack.config.redis_prefix)).read_after(
+        ack["conversation_id"], None
+    )
+    client.close()
+    assert ids == [e.id for e in stored], "the reconnected client missed or reordered events"
+
+
+def test_bad_frames_get_errors_and_the_socket_stays_open(client: WsClient) -> None:
+    client.conn.send("this is not json")
+    err = client.wait_for(lambda f: f["type"] == "error")
+    assert err["code"] == "bad_frame"
+
+    reply = client.request({"type": "launch_rockets"})
+    assert reply["type"] == "error" and reply["code"] == "unknown_type"
+
+    reply = client.request({"type": "ping"})
+    assert reply["type"] == "pong"
+
+
+def test_wrong_token_is_refused_at_the_handshake(stack: Stack) -> None:
+    with pytest.raises(InvalidStatus) as exc:
+        WsClient(stack.gateway_url, "sbt_not-a-real-token")
+    assert exc.value.response.status_code == 403
+
+
+def test_health_and_readiness(stack: Stack) -> None:
+    for base in (stack.gateway_url, stack.proposals_url):
+        assert httpx.get(f"{base}/healthz").status_code == 200
+        ready = httpx.get(f"{base}/readyz")
+        assert ready.status_code == 200, json.dumps(ready.json())
