@@ -60,16 +60,20 @@ def decode(conversation_id: str, event_id: Any, fields: Any) -> Event:
 
 
 def _gap(info: Mapping[Any, Any], after: str) -> bool:
-    deleted = info.get("max-deleted-entry-id", info.get(b"max-deleted-entry-id"))
-    if deleted is None:  # Redis < 7 does not report trimming; only a full stream can have trimmed
-        length = int(info.get("length", info.get(b"length", 0)))
-        first = info.get("first-entry", info.get(b"first-entry"))
-        if not first or length < STREAM_MAXLEN:
-            return False
-        first_id = first[0].decode() if isinstance(first[0], bytes) else first[0]
-        return id_after(first_id, after)
-    deleted_id = deleted.decode() if isinstance(deleted, bytes) else str(deleted)
-    return deleted_id != "0-0" and not id_after(after, deleted_id)
+    """True when entries newer than ``after`` may have been trimmed away.
+
+    Trimming removes the oldest entries, so a gap means: something was removed and
+    ``after`` is older than the first entry still kept. Redis 7 counts what was ever
+    added; older servers only let us see that the stream is at its cap.
+    """
+    first = info.get("first-entry", info.get(b"first-entry"))
+    if not first:
+        return False
+    length = int(info.get("length", info.get(b"length", 0)))
+    added = info.get("entries-added", info.get(b"entries-added"))
+    trimmed = int(added) > length if added is not None else length >= STREAM_MAXLEN
+    first_id = first[0].decode() if isinstance(first[0], bytes) else str(first[0])
+    return trimmed and id_after(first_id, after)
 
 
 class EventStream:
