@@ -39,12 +39,13 @@ def test_event_data_is_checked_against_its_kind(redis_client: redis.Redis, keys:
 def test_a_trimmed_stream_reports_a_replay_gap(redis_client: redis.Redis, keys: RedisKeys) -> None:
     stream = EventStream(redis_client, keys)
     conv = f"conv_{uuid.uuid4().hex}"
-    first = stream.append(conv, "text_delta", {"text": "old"})
-    stream.append(conv, "text_delta", {"text": "new"})
+    stream.append(conv, "text_delta", {"text": "old"})
+    kept = stream.append(conv, "text_delta", {"text": "new"})
     redis_client.xtrim(keys.events(conv), maxlen=1, approximate=False)
     with pytest.raises(ReplayGap):
         stream.read_after(conv, "0-1")
-    assert [e.data["text"] for e in stream.read_after(conv, first)] == ["new"]
+    assert [e.data["text"] for e in stream.read_after(conv, None)] == ["new"]
+    assert stream.read_after(conv, kept) == []
 
 
 def test_malformed_ids_are_refused() -> None:
