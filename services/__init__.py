@@ -1,0 +1,1 @@
+"""Signalbox services."""

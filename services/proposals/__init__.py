@@ -1,0 +1,1 @@
+"""The proposals service: file changes agents propose, applied once a human approves."""

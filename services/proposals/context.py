@@ -1,0 +1,52 @@
+"""Everything a request needs, built once at start-up from the service's settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from shared.db import make_engine, make_session_factory
+from shared.event_stream import EventStream
+from shared.redis_keys import RedisKeys
+from shared.settings import ProposalsSettings
+from shared.workspace_paths import workspace_dir
+
+
+@dataclass
+class ServiceContext:
+    """Settings, SQL sessions, Redis and the event stream of one proposals service."""
+
+    settings: ProposalsSettings
+    engine: Engine
+    sessions: sessionmaker[Session]
+    redis: redis.Redis
+    keys: RedisKeys
+    events: EventStream
+
+    @classmethod
+    def from_settings(cls, settings: ProposalsSettings) -> ServiceContext:
+        """Connect to what ``settings`` names (lazily: nothing is contacted yet)."""
+        engine = make_engine(settings.database_url)
+        client = redis.Redis.from_url(settings.redis_url)
+        keys = RedisKeys(settings.redis_prefix)
+        return cls(
+            settings=settings,
+            engine=engine,
+            sessions=make_session_factory(engine),
+            redis=client,
+            keys=keys,
+            events=EventStream(client, keys),
+        )
+
+    def workspace(self, user_id: str, name: str) -> Path:
+        """The directory of ``user_id``'s workspace ``name``."""
+        return workspace_dir(self.settings.workspaces_root, user_id, name)
+
+    def close(self) -> None:
+        """Release connections."""
+        self.redis.close()
+        self.engine.dispose()

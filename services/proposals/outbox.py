@@ -1,0 +1,114 @@
+"""The outbox relay: announce what SQL already committed, on Redis, at least once.
+
+A decision (or a new proposal) is committed together with an ``Outbox`` row. The relay
+then claims each unsent row with a conditional UPDATE and, inside that same transaction,
+publishes it; the commit marks it sent. A failed publish rolls the claim back, so the row
+is tried again by the next relay (after the next decision, or at start-up). Because the
+claim holds the row's write lock until commit, two relays never publish the same row.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import redis
+from sqlalchemy import select, update
+
+from services.proposals.context import ServiceContext
+from shared.db import Outbox, Proposal
+from shared.db.models import now
+
+log = logging.getLogger(__name__)
+
+PROPOSAL_CREATED = "proposal_created"
+PROPOSAL_RESOLVED = "proposal_resolved"
+TOPICS = (PROPOSAL_CREATED, PROPOSAL_RESOLVED)  # other services may keep their own topics here
+BATCH = 100
+
+
+def created_payload(proposal: Proposal) -> dict[str, Any]:
+    """What ``proposal_created`` announces."""
+    return {
+        "proposal_id": proposal.id,
+        "conversation_id": proposal.conversation_id,
+        "user_id": proposal.user_id,
+        "turn_id": proposal.turn_id,
+        "summary": proposal.summary,
+        "files": [{"path": f.path, "operation": f.operation} for f in proposal.files],
+    }
+
+
+def resolved_payload(proposal: Proposal) -> dict[str, Any]:
+    """What ``proposal_resolved`` announces (the approvals channel contract, plus turn_id)."""
+    return {
+        "proposal_id": proposal.id,
+        "conversation_id": proposal.conversation_id,
+        "user_id": proposal.user_id,
+        "status": proposal.status,
+        "version": proposal.version,
+        "turn_id": proposal.turn_id,
+    }
+
+
+def publish(ctx: ServiceContext, topic: str, payload: dict[str, Any]) -> None:
+    """Send one outbox message where its readers look for it."""
+    conversation_id = payload["conversation_id"]
+    turn_id = payload.get("turn_id")
+    if topic == PROPOSAL_CREATED:
+        data = {k: payload[k] for k in ("proposal_id", "summary", "files")}
+        ctx.events.append(conversation_id, "proposal_created", data, turn_id=turn_id)
+    elif topic == PROPOSAL_RESOLVED:
+        ctx.redis.publish(ctx.keys.approvals_channel, json.dumps(payload, separators=(",", ":")))
+        data = {"proposal_id": payload["proposal_id"], "status": payload["status"]}
+        ctx.events.append(conversation_id, "proposal_resolved", data, turn_id=turn_id)
+    else:
+        raise ValueError(f"expected an outbox topic of {TOPICS}, got {topic!r}")
+
+
+def relay(ctx: ServiceContext) -> int:
+    """Publish every unsent row of this service's topics, oldest first; returns how many."""
+    sent = 0
+    while True:
+        with ctx.sessions() as session:
+            ids = list(
+                session.scalars(
+                    select(Outbox.id)
+                    .where(Outbox.sent_at.is_(None), Outbox.topic.in_(TOPICS))
+                    .order_by(Outbox.id)
+                    .limit(BATCH)
+                )
+            )
+        if not ids:
+            return sent
+        for row_id in ids:
+            try:
+                if _send_one(ctx, row_id):
+                    sent += 1
+            except redis.RedisError as exc:
+                # Kept unsent; the next relay retries. The decision itself is already durable.
+                log.warning("outbox relay stopped at row %s: %s", row_id, exc)
+                return sent
+            except Exception:
+                log.exception("outbox relay stopped at row %s", row_id)
+                return sent
+        if len(ids) < BATCH:
+            return sent
+
+
+def _send_one(ctx: ServiceContext, row_id: int) -> bool:
+    with ctx.sessions() as session:
+        claimed = session.execute(
+            update(Outbox)
+            .where(Outbox.id == row_id, Outbox.sent_at.is_(None))
+            .values(sent_at=now())
+        )
+        if claimed.rowcount != 1:  # type: ignore[attr-defined]
+            session.rollback()
+            return False  # another relay sent it
+        row = session.get(Outbox, row_id)
+        assert row is not None
+        publish(ctx, row.topic, dict(row.payload))
+        session.commit()
+        return True

@@ -1,0 +1,182 @@
+"""Proposals: creating them from a tool's request, loading them for their owner, their JSON."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from services.proposals import outbox
+from services.proposals.apply import PathRefused, read_bytes, resolve, sha256_bytes
+from services.proposals.context import ServiceContext
+from services.proposals.diffs import unified_diff
+from services.proposals.errors import BadProposal, Conflict, NotFound
+from services.proposals.schemas import CreateProposal
+from shared.db import Conversation, Outbox, Proposal, ProposalFile
+from shared.ids import new_id
+
+
+def as_utc(moment: datetime) -> datetime:
+    """``moment`` as an aware UTC datetime (SQLite hands back naive ones)."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def rfc3339(moment: datetime | None) -> str | None:
+    """RFC 3339 UTC with a ``Z``, as every time on the wire."""
+    if moment is None:
+        return None
+    return as_utc(moment).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def proposal_json(proposal: Proposal) -> dict[str, Any]:
+    """A proposal as PROTOCOL.md shows it, each file with its unified diff."""
+    return {
+        "proposal_id": proposal.id,
+        "conversation_id": proposal.conversation_id,
+        "turn_id": proposal.turn_id,
+        "call_id": proposal.call_id,
+        "workspace": proposal.workspace,
+        "summary": proposal.summary,
+        "created_at": rfc3339(proposal.created_at),
+        "status": proposal.status,
+        "version": proposal.version,
+        "decided_at": rfc3339(proposal.decided_at),
+        "reason": proposal.reason,
+        "files": [
+            {
+                "path": f.path,
+                "operation": f.operation,
+                "before": f.before,
+                "after": f.after,
+                "before_sha256": f.before_sha256,
+                "diff": unified_diff(f.path, f.before, f.after),
+            }
+            for f in proposal.files
+        ],
+    }
+
+
+def load(session: Session, proposal_id: str) -> Proposal | None:
+    """The proposal with its files, read fresh from SQL."""
+    return session.execute(
+        select(Proposal)
+        .where(Proposal.id == proposal_id)
+        .options(selectinload(Proposal.files))
+        .execution_options(populate_existing=True)
+    ).scalar_one_or_none()
+
+
+def owned(ctx: ServiceContext, user_id: str, proposal_id: str) -> Proposal:
+    """The proposal if ``user_id`` owns it; anyone else's is ``NotFound``, exactly like none."""
+    with ctx.sessions() as session:
+        proposal = load(session, proposal_id)
+    if proposal is None or proposal.user_id != user_id:
+        raise NotFound(f"no proposal {proposal_id!r}")
+    return proposal
+
+
+def pending_of(ctx: ServiceContext, user_id: str) -> list[Proposal]:
+    """``user_id``'s pending proposals, oldest first."""
+    with ctx.sessions() as session:
+        return list(
+            session.scalars(
+                select(Proposal)
+                .where(Proposal.user_id == user_id, Proposal.status == "pending")
+                .options(selectinload(Proposal.files))
+                .order_by(Proposal.created_at, Proposal.id)
+            )
+        )
+
+
+def _file_rows(
+    ctx: ServiceContext, request: CreateProposal, conv: Conversation
+) -> list[ProposalFile]:
+    workspace = ctx.workspace(conv.user_id, conv.workspace)
+    workspace.mkdir(parents=True, exist_ok=True)
+    seen: set[Path] = set()
+    rows: list[ProposalFile] = []
+    for position, file in enumerate(request.files):
+        try:
+            target = resolve(workspace, file.path)
+            current = read_bytes(target)
+        except PathRefused as exc:
+            raise BadProposal(str(exc)) from None
+        if target in seen:
+            raise BadProposal(f"expected each file once, got {file.path!r} twice")
+        seen.add(target)
+        if file.operation != "delete" and file.after is None:
+            raise BadProposal(f"expected 'after' content to {file.operation} {file.path!r}")
+        before_sha = None if current is None else sha256_bytes(current)
+        if file.operation == "create" and current is not None:
+            raise Conflict(f"cannot create {file.path!r}: it exists", path=file.path)
+        if file.operation != "create":
+            if current is None:
+                raise Conflict(
+                    f"cannot {file.operation} {file.path!r}: no such file", path=file.path
+                )
+            if file.before_sha256 is not None and file.before_sha256 != before_sha:
+                raise Conflict(
+                    f"{file.path!r} changed: expected sha256 {file.before_sha256!r}, "
+                    f"got {before_sha!r}",
+                    path=file.path,
+                    current_sha256=before_sha,
+                )
+        rows.append(
+            ProposalFile(
+                id=new_id("pfile"),
+                position=position,
+                path=file.path,
+                operation=file.operation,
+                before=None if current is None else current.decode("utf-8", errors="replace"),
+                after=None if file.operation == "delete" else file.after,
+                before_sha256=before_sha,
+            )
+        )
+    return rows
+
+
+def create(ctx: ServiceContext, request: CreateProposal) -> Proposal:
+    """Store a new pending proposal and queue its ``proposal_created`` event."""
+    with ctx.sessions() as session:
+        conv = session.get(Conversation, request.conversation_id)
+        if conv is None or conv.user_id != request.user_id:
+            raise BadProposal(
+                f"no conversation {request.conversation_id!r} of user {request.user_id!r}"
+            )
+        if request.workspace is not None and request.workspace != conv.workspace:
+            raise BadProposal(
+                f"expected workspace {conv.workspace!r} of the conversation, "
+                f"got {request.workspace!r}"
+            )
+        if request.call_id is not None:
+            # A redelivered tool call gets the proposal it already made, not a second one.
+            existing = session.scalars(
+                select(Proposal.id).where(
+                    Proposal.call_id == request.call_id, Proposal.user_id == request.user_id
+                )
+            ).first()
+            if existing is not None:
+                found = load(session, existing)
+                assert found is not None
+                return found
+        proposal = Proposal(
+            id=new_id("prop"),
+            user_id=conv.user_id,
+            conversation_id=conv.id,
+            turn_id=request.turn_id,
+            call_id=request.call_id,
+            workspace=conv.workspace,
+            summary=request.summary,
+            status="pending",
+            version=1,
+            files=_file_rows(ctx, request, conv),
+        )
+        session.add(proposal)
+        session.flush()
+        session.add(Outbox(topic=outbox.PROPOSAL_CREATED, payload=outbox.created_payload(proposal)))
+        session.commit()
+    outbox.relay(ctx)
+    return proposal
