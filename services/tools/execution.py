@@ -1,0 +1,192 @@
+"""Running one tool call: claim it, run the tool, turn every outcome into one ``ToolResult``.
+
+Everything here is plain Python, testable without a broker; ``tasks.run_tool`` only calls
+``run_call``. A call always ends in a published result (ok, error or timeout), except a
+redelivered call of a non-idempotent tool, which is skipped because it already ran.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import redis
+from celery.exceptions import SoftTimeLimitExceeded
+from pydantic import ValidationError
+
+from services.tools.proposals_client import make_client
+from services.tools.registry import Registry, ToolContext, ToolError, ToolOutput
+from shared.redis_keys import RedisKeys
+from shared.settings import ToolsSettings
+from shared.tool_contract import ToolCallRequest, ToolResult, publish_result
+from shared.workspace_paths import PathOutsideWorkspace, workspace_dir
+
+log = logging.getLogger(__name__)
+
+OUTPUT_MAX_BYTES = 64 * 1024  # more than a model can use in one tool_result
+CLAIM_TTL_S = 24 * 3600  # longer than any redelivery (the visibility timeout is 1 h)
+INPUT_PREVIEW_CHARS = 200  # how much of a bad input value an error message repeats
+
+
+@dataclass(frozen=True)
+class Deps:
+    """What running calls needs from the worker process: settings, Redis, HTTP, the tools."""
+
+    settings: ToolsSettings
+    redis: redis.Redis
+    keys: RedisKeys
+    proposals: httpx.Client
+    registry: Registry
+
+    @classmethod
+    def create(cls, settings: ToolsSettings, registry: Registry) -> Deps:
+        """Connections built from ``settings`` (call after fork: clients are per process)."""
+        return cls(
+            settings=settings,
+            redis=redis.Redis.from_url(settings.redis_url),
+            keys=RedisKeys(settings.redis_prefix),
+            proposals=make_client(settings.proposals_url, settings.internal_token),
+            registry=registry,
+        )
+
+
+def cap_output(text: str, limit: int = OUTPUT_MAX_BYTES) -> str:
+    """``text`` cut to ``limit`` UTF-8 bytes, with a note saying how much was dropped."""
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    kept = data[:limit].decode(errors="ignore")  # ignore: the cut may split a character
+    return kept + f"\n[output truncated: {len(data)} bytes, shown the first {limit}]"
+
+
+def _problems(exc: ValidationError) -> str:
+    problems = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "input"
+        if err["type"] == "missing":
+            problems.append(f"{where}: {err['msg']}")
+        else:
+            given = repr(err.get("input"))[:INPUT_PREVIEW_CHARS]
+            problems.append(f"{where}: {err['msg']} (got {given})")
+    return "; ".join(problems)
+
+
+def context_for(request: ToolCallRequest, deps: Deps) -> ToolContext:
+    """The context of one call; ``ValueError`` for a bad workspace name."""
+    return ToolContext(
+        workspace=workspace_dir(deps.settings.workspaces_root, request.user_id, request.workspace),
+        user_id=request.user_id,
+        conversation_id=request.conversation_id,
+        turn_id=request.turn_id,
+        call_id=request.call_id,
+        workspace_name=request.workspace,
+        settings=deps.settings,
+        proposals=deps.proposals,
+        redis=deps.redis,
+        keys=deps.keys,
+    )
+
+
+def execute(request: ToolCallRequest, context: ToolContext, registry: Registry) -> ToolResult:
+    """Run the requested tool; every outcome, including a time-out, becomes a result."""
+    started = time.monotonic()
+    status: Any = "ok"
+    output = ""
+    error: str | None = None
+    extra: dict[str, Any] = {}
+    try:
+        tool = registry.get(request.tool)
+        if tool is None:
+            raise ToolError(
+                f"unknown tool {request.tool!r}; this worker serves {', '.join(registry.names())}"
+            )
+        try:
+            args = tool.input_model.model_validate(request.input)
+        except ValidationError as exc:
+            raise ToolError(f"invalid input for {request.tool}: {_problems(exc)}") from None
+        returned = tool.function(args, context)
+        if isinstance(returned, ToolOutput):
+            output, extra = returned.text, dict(returned.extra)
+        else:
+            output = returned
+    except SoftTimeLimitExceeded:
+        status, error = (
+            "timeout",
+            (f"{request.tool} exceeded its time limit of {request.timeout_s:g} s"),
+        )
+    except (ToolError, PathOutsideWorkspace) as exc:
+        status, error = "error", str(exc)
+    except Exception as exc:  # a tool bug must not crash the task: the model gets the error
+        log.exception("tool %s failed on call %s", request.tool, request.call_id)
+        status, error = "error", f"{request.tool} failed: {type(exc).__name__}: {exc}"
+    return ToolResult(
+        call_id=request.call_id,
+        status=status,
+        output=cap_output(output),
+        error=error,
+        duration_ms=int((time.monotonic() - started) * 1000),
+        extra=extra,
+    )
+
+
+def claim(client: redis.Redis, keys: RedisKeys, call_id: str) -> bool:
+    """True for the first claim of ``call_id``; False when some delivery already took it."""
+    return bool(client.set(keys.call_claim(call_id), "1", nx=True, ex=CLAIM_TTL_S))
+
+
+def _bad_request(raw: Mapping[str, Any], exc: ValidationError, deps: Deps) -> ToolResult | None:
+    call_id, turn_id = raw.get("call_id"), raw.get("turn_id")
+    message = f"bad tool call request: {_problems(exc)}"
+    log.error("%s", message)
+    if not (isinstance(call_id, str) and isinstance(turn_id, str)):
+        return None  # nowhere to report it; the orchestrator's deadline calls it lost
+    result = ToolResult(call_id=call_id, status="error", error=message)
+    publish_result(deps.redis, deps.keys, turn_id, result)
+    return result
+
+
+def report_killed(raw: Mapping[str, Any], deps: Deps, limit_s: float) -> ToolResult | None:
+    """Publish ``timeout`` for a call whose process was killed at its hard time limit.
+
+    Runs in the worker's main process (the child is gone), so the orchestrator hears at once
+    instead of waiting out its own deadline and calling the call lost.
+    """
+    try:
+        request = ToolCallRequest.model_validate(raw)
+    except ValidationError:
+        return None
+    result = ToolResult(
+        call_id=request.call_id,
+        status="timeout",
+        error=f"{request.tool} was stopped at its hard time limit of {limit_s:g} s",
+        duration_ms=int(limit_s * 1000),
+    )
+    publish_result(deps.redis, deps.keys, request.turn_id, result)
+    return result
+
+
+def run_call(raw: Mapping[str, Any], deps: Deps) -> ToolResult | None:
+    """Claim, run and publish one call; None when a redelivery of it is skipped."""
+    try:
+        request = ToolCallRequest.model_validate(raw)
+    except ValidationError as exc:
+        return _bad_request(raw, exc, deps)
+    tool = deps.registry.get(request.tool)
+    idempotent = tool is not None and tool.spec.idempotent
+    if not claim(deps.redis, deps.keys, request.call_id) and not idempotent:
+        log.warning(
+            "call %s (%s) was already claimed; not run again", request.call_id, request.tool
+        )
+        return None
+    try:
+        context = context_for(request, deps)
+    except ValueError as exc:
+        result = ToolResult(call_id=request.call_id, status="error", error=str(exc))
+    else:
+        result = execute(request, context, deps.registry)
+    publish_result(deps.redis, deps.keys, request.turn_id, result)
+    return result

@@ -1,0 +1,48 @@
+"""The one Celery task of the tool workers; it only decodes and delegates to ``execution``."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from celery import Task
+from celery.exceptions import TimeLimitExceeded
+from celery.signals import worker_process_init
+
+from services.tools.catalogue import load_tools
+from services.tools.execution import Deps, report_killed, run_call
+from services.tools.worker import app, settings
+from shared.celery_app import RUN_TOOL_TASK
+
+_deps: tuple[int, Deps] | None = None
+
+
+def deps() -> Deps:
+    """This process's connections, made after fork (prefork children must not share them)."""
+    global _deps
+    if _deps is None or _deps[0] != os.getpid():
+        _deps = (os.getpid(), Deps.create(settings, load_tools()))
+    return _deps[1]
+
+
+@worker_process_init.connect
+def _connect(**_: Any) -> None:
+    # Connect before the first task: its time limit should not pay for the set-up.
+    deps()
+
+
+class ToolTask(Task):  # type: ignore[type-arg]
+    """Reports a call killed at its hard time limit (the child cannot: it is gone)."""
+
+    def on_failure(self, exc: Exception, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+        """Called in the main process after a hard time-limit kill, and in a child otherwise."""
+        if isinstance(exc, TimeLimitExceeded) and isinstance(kwargs, dict):
+            limit = exc.args[0] if exc.args and isinstance(exc.args[0], int | float) else 0.0
+            report_killed(kwargs.get("request", {}), deps(), float(limit))
+
+
+@app.task(name=RUN_TOOL_TASK, base=ToolTask)
+def run_tool(request: dict[str, Any]) -> str:
+    """Run one tool call and publish its result; returns the status, or "skipped"."""
+    result = run_call(request, deps())
+    return "skipped" if result is None else result.status

@@ -1,0 +1,411 @@
+"""The workspace tools every deployment has: list, read, search, and the three write tools.
+
+Reads go through ``confinement`` (never following a symlink out of the workspace); writes
+never touch the workspace at all: they create a proposal that a human approves.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from collections.abc import Iterator
+from pathlib import PurePosixPath
+
+from pydantic import BaseModel, Field, model_validator
+
+from services.tools.confinement import (
+    Confined,
+    confine,
+    exists,
+    open_directory,
+    open_file,
+    open_file_at,
+    open_subdirectory,
+)
+from services.tools.proposals_client import FileChange, propose, sha256_hex
+from services.tools.registry import Registry, ToolContext, ToolError, ToolOutput
+
+registry = Registry()
+
+BINARY_SNIFF_BYTES = 8192  # a NUL byte in the first 8 KiB marks a file as binary (git's rule)
+MAX_LIST_DEPTH = 5
+MAX_LIST_ENTRIES = 1000  # a listing longer than this helps no model; it narrows the path instead
+SEARCH_FILE_MAX_BYTES = 1024 * 1024  # bigger files are skipped by search (logs, dumps)
+SEARCH_LINE_MAX_CHARS = 300  # each matching line is cut to this in the output
+EDIT_MAX_BYTES = 4 * 1024 * 1024  # a proposal carries the file before and after
+SKIPPED_DIRS = frozenset({".git"})  # walked by no tool: large, and never what the model wants
+
+
+def _is_binary(head: bytes) -> bool:
+    return b"\x00" in head[:BINARY_SNIFF_BYTES]
+
+
+def _workspace(ctx: ToolContext) -> None:
+    # The proposals service creates files, but a brand-new workspace may not exist yet.
+    ctx.workspace.mkdir(parents=True, exist_ok=True)
+
+
+def _here(ctx: ToolContext, path: str) -> Confined:
+    _workspace(ctx)
+    return confine(ctx.workspace, path)
+
+
+def _join(base: PurePosixPath, name: str) -> str:
+    return str(base / name) if base.parts else name
+
+
+# ---------------------------------------------------------------------------- list_dir
+
+
+class ListDirInput(BaseModel):
+    """Input of ``list_dir``."""
+
+    path: str = Field(".", description="directory relative to the workspace root")
+    depth: int = Field(1, ge=1, le=MAX_LIST_DEPTH, description="how many levels to descend")
+
+
+def _list(fd: int, base: PurePosixPath, depth: int, out: list[str]) -> bool:
+    """Append entries under ``fd`` to ``out``; False once ``MAX_LIST_ENTRIES`` is reached."""
+    with os.scandir(fd) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for entry in entries:
+        if len(out) >= MAX_LIST_ENTRIES:
+            return False
+        rel = _join(base, entry.name)
+        if entry.is_symlink():
+            out.append(f"{rel}@ (symlink, not followed)")
+        elif entry.is_dir(follow_symlinks=False):
+            out.append(f"{rel}/")
+            if depth > 1 and entry.name not in SKIPPED_DIRS:
+                sub = open_subdirectory(fd, entry.name)
+                if sub is not None:
+                    try:
+                        if not _list(sub, base / entry.name, depth - 1, out):
+                            return False
+                    finally:
+                        os.close(sub)
+        elif entry.is_file(follow_symlinks=False):
+            size = entry.stat(follow_symlinks=False).st_size
+            out.append(f"{rel} ({size} bytes)")
+        else:
+            out.append(f"{rel} (special file)")
+    return True
+
+
+@registry.tool(
+    name="list_dir",
+    description=(
+        "List files and directories in the workspace. Paths are relative to the workspace "
+        "root; directories end with '/'. Symlinks are shown but not followed."
+    ),
+    timeout_s=10,
+    side_effect="read",
+    idempotent=True,
+)
+def list_dir(args: ListDirInput, ctx: ToolContext) -> str:
+    """Entries under ``args.path``, ``args.depth`` levels deep."""
+    where = _here(ctx, args.path)
+    out: list[str] = []
+    with open_directory(where) as fd:
+        complete = _list(fd, where.relative, args.depth, out)
+    if not out:
+        return f"{where.display}: empty directory"
+    if not complete:
+        out.append(f"[listing stopped at {MAX_LIST_ENTRIES} entries; list a subdirectory]")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------- read_file
+
+
+class ReadFileInput(BaseModel):
+    """Input of ``read_file``."""
+
+    path: str = Field(description="file relative to the workspace root")
+    start_line: int | None = Field(None, ge=1, description="first line to return (1-based)")
+    end_line: int | None = Field(None, ge=1, description="last line to return (inclusive)")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ReadFileInput:
+        if self.start_line and self.end_line and self.end_line < self.start_line:
+            raise ValueError(
+                f"end_line must not be before start_line, got start_line={self.start_line}, "
+                f"end_line={self.end_line}"
+            )
+        return self
+
+
+def _read_range(lines: Iterator[bytes], start: int, end: int | None, cap: int) -> tuple[str, str]:
+    """Lines ``start..end`` (1-based) within ``cap`` bytes, and a note if anything was cut."""
+    taken: list[bytes] = []
+    size = 0
+    number = 0
+    for number, line in enumerate(lines, start=1):
+        if number < start:
+            continue
+        if end is not None and number > end:
+            break
+        if size + len(line) > cap:
+            return b"".join(taken).decode(errors="replace"), (
+                f"[truncated at {cap} bytes after line {number - 1}; "
+                f"read on with start_line={number}]"
+            )
+        taken.append(line)
+        size += len(line)
+    if start > max(number, 1):
+        raise ToolError(f"start_line {start} is past the end of the file ({number} lines)")
+    return b"".join(taken).decode(errors="replace"), ""
+
+
+@registry.tool(
+    name="read_file",
+    description=(
+        "Read a text file of the workspace, optionally only lines start_line..end_line "
+        "(1-based, inclusive). Large files are truncated with a note; binary files are refused."
+    ),
+    timeout_s=10,
+    side_effect="read",
+    idempotent=True,
+)
+def read_file(args: ReadFileInput, ctx: ToolContext) -> str:
+    """The text of ``args.path`` (or a range of its lines)."""
+    where = _here(ctx, args.path)
+    cap = ctx.settings.read_max_bytes
+    with open_file(where) as handle:
+        if _is_binary(handle.read(BINARY_SNIFF_BYTES)):
+            raise ToolError(f"refusing to read a binary file: {args.path!r}")
+        handle.seek(0)
+        if args.start_line is None and args.end_line is None:
+            data = handle.read(cap + 1)
+            if len(data) <= cap:
+                return data.decode(errors="replace")
+            total = os.fstat(handle.fileno()).st_size
+            text = data[:cap].decode(errors="ignore")  # ignore: the cut may split a character
+            return text + (
+                f"\n[truncated: the file has {total} bytes, shown the first {cap}; "
+                "use start_line/end_line to read more]"
+            )
+        text, note = _read_range(iter(handle), args.start_line or 1, args.end_line, cap)
+    return text + ("\n" + note if note else "")
+
+
+# ---------------------------------------------------------------------------- search_files
+
+
+class SearchFilesInput(BaseModel):
+    """Input of ``search_files``."""
+
+    pattern: str = Field(description="Python regular expression, matched against each line")
+    path: str = Field(".", description="directory (or file) to search, relative to the root")
+    glob: str | None = Field(None, description="only files matching this glob, e.g. '*.py'")
+
+
+def _files(fd: int, base: PurePosixPath) -> Iterator[tuple[int, str, str]]:
+    """(directory fd, name, relative path) of every regular file under ``fd``, no symlinks."""
+    with os.scandir(fd) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for entry in entries:
+        if entry.is_symlink():
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            if entry.name in SKIPPED_DIRS:
+                continue
+            sub = open_subdirectory(fd, entry.name)
+            if sub is None:
+                continue
+            try:
+                yield from _files(sub, base / entry.name)
+            finally:
+                os.close(sub)
+        elif entry.is_file(follow_symlinks=False):
+            yield fd, entry.name, _join(base, entry.name)
+
+
+def _wanted(rel: str, glob: str | None) -> bool:
+    if glob is None:
+        return True
+    return fnmatch.fnmatchcase(rel, glob) or fnmatch.fnmatchcase(PurePosixPath(rel).name, glob)
+
+
+def _search_file(data: bytes, rel: str, regex: re.Pattern[str], out: list[str], limit: int) -> None:
+    for number, line in enumerate(data.decode(errors="replace").splitlines(), start=1):
+        if regex.search(line[: SEARCH_LINE_MAX_CHARS * 10]):
+            out.append(f"{rel}:{number}: {line[:SEARCH_LINE_MAX_CHARS]}")
+            if len(out) > limit:
+                return
+
+
+@registry.tool(
+    name="search_files",
+    description=(
+        "Search the workspace's text files for a regular expression; returns 'path:line: text' "
+        "for each matching line, bounded in number. Optional glob filter, e.g. '*.py'."
+    ),
+    timeout_s=20,
+    side_effect="read",
+    idempotent=True,
+)
+def search_files(args: SearchFilesInput, ctx: ToolContext) -> str:
+    """Matching lines under ``args.path``, at most ``settings.search_max_results``."""
+    try:
+        regex = re.compile(args.pattern)
+    except re.error as exc:
+        raise ToolError(f"not a valid regular expression: {args.pattern!r} ({exc})") from None
+    where = _here(ctx, args.path)
+    limit = ctx.settings.search_max_results
+    out: list[str] = []
+    if where.relative.parts and not _is_dir(where):
+        with open_file(where) as handle:
+            data = handle.read(SEARCH_FILE_MAX_BYTES)
+        if not _is_binary(data):
+            _search_file(data, where.display, regex, out, limit)
+    else:
+        with open_directory(where) as fd:
+            for dir_fd, name, rel in _files(fd, where.relative):
+                if len(out) > limit:
+                    break
+                if not _wanted(rel, args.glob):
+                    continue
+                opened = open_file_at(dir_fd, name)
+                if opened is None:
+                    continue
+                with opened:
+                    data = opened.read(SEARCH_FILE_MAX_BYTES + 1)
+                if len(data) > SEARCH_FILE_MAX_BYTES or _is_binary(data):
+                    continue
+                _search_file(data, rel, regex, out, limit)
+    if not out:
+        return f"no matches for {args.pattern!r} in {where.display}"
+    if len(out) > limit:
+        return "\n".join(out[:limit]) + (
+            f"\n[stopped at {limit} matches; narrow the pattern, path or glob]"
+        )
+    return "\n".join(out)
+
+
+def _is_dir(where: Confined) -> bool:
+    try:
+        with open_directory(where):
+            return True
+    except ToolError:
+        return False
+
+
+# ---------------------------------------------------------------------------- write tools
+
+
+def _current(where: Confined, max_bytes: int) -> bytes | None:
+    """The file's bytes now, or None if it does not exist."""
+    if not exists(where):
+        return None
+    with open_file(where) as handle:
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ToolError(
+            f"file is larger than {max_bytes} bytes, too large to change: {where.given!r}"
+        )
+    return data
+
+
+class WriteFileInput(BaseModel):
+    """Input of ``write_file``."""
+
+    path: str = Field(description="file relative to the workspace root")
+    content: str = Field(description="the whole new content of the file")
+
+
+@registry.tool(
+    name="write_file",
+    description=(
+        "Create or overwrite a file with the given content. Nothing is written now: this "
+        "creates a proposal that a human approves."
+    ),
+    timeout_s=15,
+    side_effect="propose",
+)
+def write_file(args: WriteFileInput, ctx: ToolContext) -> str | ToolOutput:
+    """Propose ``args.path`` with ``args.content`` (create or update)."""
+    where = _here(ctx, args.path)
+    if not where.relative.parts:
+        raise ToolError(f"expected a file path, got the workspace root: {args.path!r}")
+    before = _current(where, EDIT_MAX_BYTES)
+    if before is not None and before == args.content.encode():
+        return f"no change: {where.display} already has this content"
+    change = FileChange(
+        path=where.display,
+        operation="create" if before is None else "update",
+        after=args.content,
+        before_sha256=None if before is None else sha256_hex(before),
+    )
+    verb = "create" if before is None else "overwrite"
+    return propose(ctx, f"{verb} {where.display}", [change])
+
+
+class EditFileInput(BaseModel):
+    """Input of ``edit_file``."""
+
+    path: str = Field(description="file relative to the workspace root")
+    old_str: str = Field(min_length=1, description="exact text to replace; must occur once")
+    new_str: str = Field(description="the replacement text")
+
+
+@registry.tool(
+    name="edit_file",
+    description=(
+        "Replace the one occurrence of old_str in a file with new_str (old_str must match "
+        "exactly once, whitespace included). Creates a proposal that a human approves."
+    ),
+    timeout_s=15,
+    side_effect="propose",
+)
+def edit_file(args: EditFileInput, ctx: ToolContext) -> str | ToolOutput:
+    """Propose ``args.path`` with ``old_str`` replaced by ``new_str``."""
+    where = _here(ctx, args.path)
+    before = _current(where, EDIT_MAX_BYTES)
+    if before is None:
+        raise ToolError(f"no such file: {args.path!r}")
+    if _is_binary(before):
+        raise ToolError(f"refusing to edit a binary file: {args.path!r}")
+    try:
+        text = before.decode()
+    except UnicodeDecodeError:
+        raise ToolError(f"file is not UTF-8 text, cannot edit it: {args.path!r}") from None
+    count = text.count(args.old_str)
+    if count != 1:
+        raise ToolError(
+            f"old_str must match exactly once in {args.path!r}, but it matched {count} times"
+            + ("; include more surrounding text to make it unique" if count > 1 else "")
+        )
+    if args.old_str == args.new_str:
+        raise ToolError("old_str and new_str are the same; nothing to change")
+    change = FileChange(
+        path=where.display,
+        operation="update",
+        after=text.replace(args.old_str, args.new_str, 1),
+        before_sha256=sha256_hex(before),
+    )
+    return propose(ctx, f"edit {where.display}", [change])
+
+
+class DeleteFileInput(BaseModel):
+    """Input of ``delete_file``."""
+
+    path: str = Field(description="file relative to the workspace root")
+
+
+@registry.tool(
+    name="delete_file",
+    description="Delete a file. Creates a proposal that a human approves.",
+    timeout_s=15,
+    side_effect="propose",
+)
+def delete_file(args: DeleteFileInput, ctx: ToolContext) -> str | ToolOutput:
+    """Propose deleting ``args.path``."""
+    where = _here(ctx, args.path)
+    if not where.relative.parts or _is_dir(where):
+        raise ToolError(f"expected a file, got a directory: {args.path!r}")
+    with open_file(where) as handle:
+        digest = sha256_hex(handle.read())
+    change = FileChange(path=where.display, operation="delete", after=None, before_sha256=digest)
+    return propose(ctx, f"delete {where.display}", [change])

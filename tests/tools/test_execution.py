@@ -1,0 +1,178 @@
+"""Running calls: every outcome becomes one result; claims stop a redelivery running twice."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+from celery.exceptions import SoftTimeLimitExceeded
+from pydantic import BaseModel
+
+from services.tools import test_tools
+from services.tools.catalogue import CatalogueRefresher, load_tools
+from services.tools.execution import OUTPUT_MAX_BYTES, Deps, cap_output, execute, run_call
+from services.tools.registry import Registry, ToolContext, ToolError
+from shared.ids import new_id
+from shared.redis_keys import RedisKeys
+from shared.tool_contract import ToolResult, read_catalogue
+from tests.tools.conftest import ToolEnv
+
+
+class _Text(BaseModel):
+    text: str = ""
+
+
+def _registry() -> Registry:
+    reg = Registry()
+
+    @reg.tool(name="boom", description="raises a bug")
+    def boom(args: _Text, ctx: ToolContext) -> str:
+        raise KeyError(args.text)
+
+    @reg.tool(name="refuse", description="raises a ToolError")
+    def refuse(args: _Text, ctx: ToolContext) -> str:
+        raise ToolError(f"cannot do {args.text!r}")
+
+    @reg.tool(name="slow", description="hits its soft time limit")
+    def slow(args: _Text, ctx: ToolContext) -> str:
+        raise SoftTimeLimitExceeded()
+
+    @reg.tool(name="echo", description="returns its input")
+    def echo(args: _Text, ctx: ToolContext) -> str:
+        return args.text
+
+    return reg
+
+
+def _run(env: ToolEnv, tool: str, **tool_input: Any) -> ToolResult:
+    request = env.request(tool, **tool_input)
+    return execute(request, env.context(request.call_id), _registry())
+
+
+def test_a_tool_bug_is_an_error_result_naming_the_value(tool_env: ToolEnv) -> None:
+    result = _run(tool_env, "boom", text="the-key")
+    assert result.status == "error" and "KeyError" in (result.error or "")
+    assert "the-key" in (result.error or "")
+
+
+def test_a_tool_error_reaches_the_model_as_is(tool_env: ToolEnv) -> None:
+    result = _run(tool_env, "refuse", text="that")
+    assert (result.status, result.error) == ("error", "cannot do 'that'")
+
+
+def test_a_soft_time_limit_is_a_timeout_naming_the_limit(tool_env: ToolEnv) -> None:
+    result = _run(tool_env, "slow")
+    assert result.status == "timeout" and "time limit of 10 s" in (result.error or "")
+
+
+def test_unknown_tools_and_bad_input_are_errors_naming_them(tool_env: ToolEnv) -> None:
+    unknown = _run(tool_env, "nope")
+    assert unknown.status == "error" and "'nope'" in (unknown.error or "")
+    bad = _run(tool_env, "echo", text=["not", "a", "string"])
+    assert bad.status == "error" and "text" in (bad.error or "") and "'not'" in (bad.error or "")
+
+
+def test_output_is_capped_with_a_note(tool_env: ToolEnv) -> None:
+    result = _run(tool_env, "echo", text="é" * OUTPUT_MAX_BYTES)
+    assert len(result.output.encode()) < OUTPUT_MAX_BYTES + 100
+    assert result.output.endswith(
+        f"[output truncated: {2 * OUTPUT_MAX_BYTES} bytes, shown the first {OUTPUT_MAX_BYTES}]"
+    )
+    assert cap_output("short") == "short"
+    assert result.duration_ms >= 0
+
+
+def test_an_unreachable_proposals_service_is_an_error(tool_env: ToolEnv) -> None:
+    result = tool_env.run("write_file", path="new.txt", content="x")
+    assert result.status == "error" and "did not answer" in (result.error or "")
+
+
+def test_specs_come_from_the_decorator_and_the_input_model() -> None:
+    specs = {s.name: s for s in load_tools({}).specs()}
+    assert set(specs) == {
+        "list_dir", "read_file", "search_files", "write_file", "edit_file", "delete_file",
+    }  # fmt: skip
+    read = specs["read_file"]
+    assert read.input_schema["required"] == ["path"]
+    assert set(read.input_schema["properties"]) == {"path", "start_line", "end_line"}
+    assert (read.mode, read.side_effect, read.idempotent) == ("auto", "read", True)
+    write = specs["write_file"]
+    assert (write.mode, write.side_effect, write.idempotent) == ("auto", "propose", False)
+    assert "sleep" in {s.name for s in load_tools({"SIGNALBOX_TEST_TOOLS": "1"}).specs()}
+
+
+def test_a_tool_name_registered_twice_is_refused() -> None:
+    reg = _registry()
+    with pytest.raises(ValueError, match="'echo'"):
+
+        @reg.tool(name="echo", description="again")
+        def echo_again(args: _Text, ctx: ToolContext) -> str:
+            return ""
+
+
+def _deps(env: ToolEnv) -> Deps:
+    return Deps(
+        settings=env.settings,
+        redis=env.redis,
+        keys=env.keys,
+        proposals=env.proposals,
+        registry=load_tools({"SIGNALBOX_TEST_TOOLS": "1"}),
+    )
+
+
+def _results(client: redis.Redis, keys: RedisKeys, turn_id: str) -> list[ToolResult]:
+    entries: Any = client.xrange(keys.tool_results(turn_id))
+    return [ToolResult.model_validate_json(fields[b"r"]) for _id, fields in entries]
+
+
+def test_a_claimed_call_of_a_non_idempotent_tool_is_not_run_again(tool_env: ToolEnv) -> None:
+    counter = new_id("count")
+    request = tool_env.request("count_calls", key=counter).model_dump(mode="json")
+    first = run_call(request, _deps(tool_env))
+    assert first is not None and (first.status, first.output) == ("ok", "1")
+    assert run_call(request, _deps(tool_env)) is None
+    assert tool_env.redis.get(test_tools.counter_key(tool_env.keys, counter)) == b"1"
+    assert [r.output for r in _results(tool_env.redis, tool_env.keys, request["turn_id"])] == ["1"]
+
+
+def test_an_idempotent_tool_runs_again_on_redelivery(tool_env: ToolEnv) -> None:
+    request = tool_env.request("read_file", path="hello.txt").model_dump(mode="json")
+    run_call(request, _deps(tool_env))
+    run_call(request, _deps(tool_env))
+    results = _results(tool_env.redis, tool_env.keys, request["turn_id"])
+    assert [r.status for r in results] == ["ok", "ok"]
+
+
+def test_run_call_publishes_errors_too(tool_env: ToolEnv) -> None:
+    request = tool_env.request("read_file", path="../x").model_dump(mode="json")
+    run_call(request, _deps(tool_env))
+    bad_workspace = {
+        **tool_env.request("list_dir").model_dump(mode="json"),
+        "workspace": "../x",
+        "turn_id": request["turn_id"],
+    }
+    run_call(bad_workspace, _deps(tool_env))
+    malformed = {"call_id": new_id("call"), "turn_id": request["turn_id"], "tool": "read_file"}
+    run_call(malformed, _deps(tool_env))
+    results = _results(tool_env.redis, tool_env.keys, request["turn_id"])
+    assert [r.status for r in results] == ["error", "error", "error"]
+    assert "'..'" in (results[0].error or "")
+    assert "'../x'" in (results[1].error or "")
+    assert "user_id" in (results[2].error or "")
+
+
+def test_the_catalogue_is_published_refreshed_and_withdrawn(
+    redis_client: redis.Redis, keys: RedisKeys
+) -> None:
+    worker = new_id("worker")
+    refresher = CatalogueRefresher(redis_client, keys, worker, load_tools({}).specs(), 0.05)
+    refresher.start()
+    try:
+        assert "read_file" in read_catalogue(redis_client, keys)
+        ttl_ms: Any = redis_client.pttl(keys.tool_worker(worker))
+        assert 0 < ttl_ms <= 150
+    finally:
+        refresher.stop()
+    assert redis_client.get(keys.tool_worker(worker)) is None
+    assert redis_client.zscore(keys.tool_catalogue(), worker) is None
