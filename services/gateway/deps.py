@@ -1,0 +1,49 @@
+"""FastAPI dependencies: the gateway's resources and the authenticated user."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, HTTPException
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.requests import HTTPConnection
+
+from services.gateway.state import Gateway
+from shared.db import User
+from shared.db.users import user_for_token
+
+_bearer = HTTPBearer(auto_error=False)
+
+
+def get_gateway(connection: HTTPConnection) -> Gateway:
+    """The gateway resources built by the lifespan."""
+    gateway: Gateway = connection.app.state.gateway
+    return gateway
+
+
+GatewayDep = Annotated[Gateway, Depends(get_gateway)]
+
+
+async def user_from_token(gateway: Gateway, token: str) -> User | None:
+    """The user of a live API token, or None (the token itself is never logged)."""
+    return await gateway.db(lambda session: user_for_token(session, token))
+
+
+async def current_user(
+    gateway: GatewayDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> User:
+    """The user of the request's ``Authorization: Bearer`` token; 401 otherwise."""
+    user = None
+    if credentials is not None and credentials.scheme.lower() == "bearer":
+        user = await user_from_token(gateway, credentials.credentials)
+    if user is None:
+        raise HTTPException(
+            status_code=401,
+            detail="missing or invalid bearer token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return user
+
+
+CurrentUser = Annotated[User, Depends(current_user)]

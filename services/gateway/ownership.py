@@ -1,0 +1,41 @@
+"""The ownership check, written once: every object lookup by id goes through here.
+
+An object that does not exist and one that belongs to another user answer the same
+``NotFound``, so ids cannot be probed.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from services.gateway.errors import NotFound
+from shared.db import Conversation, ToolCall, Turn
+
+
+def owned_conversation(session: Session, user_id: str, conversation_id: str) -> Conversation:
+    """``user_id``'s conversation ``conversation_id``, else ``NotFound``."""
+    conversation = session.get(Conversation, conversation_id)
+    if conversation is None or conversation.user_id != user_id:
+        raise NotFound(f"conversation {conversation_id!r} not found")
+    return conversation
+
+
+def owned_turn(session: Session, user_id: str, turn_id: str) -> Turn:
+    """``user_id``'s turn ``turn_id``, else ``NotFound``."""
+    turn = session.get(Turn, turn_id)
+    if turn is None or turn.user_id != user_id:
+        raise NotFound(f"turn {turn_id!r} not found")
+    return turn
+
+
+def owned_tool_call(session: Session, user_id: str, call_id: str) -> tuple[ToolCall, Turn]:
+    """``user_id``'s tool call ``call_id`` with its turn, else ``NotFound``."""
+    row = session.execute(
+        select(ToolCall, Turn)
+        .join(Turn, Turn.id == ToolCall.turn_id)
+        .where(ToolCall.id == call_id, Turn.user_id == user_id)
+    ).one_or_none()
+    if row is None:
+        raise NotFound(f"tool call {call_id!r} not found")
+    return row[0], row[1]

@@ -1,0 +1,166 @@
+"""Conversations: list, create, detail, stored events, live events (SSE), new turns."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field
+
+from services.gateway import conversations, turns
+from services.gateway.deps import CurrentUser, GatewayDep
+from services.gateway.errors import BadInput, ReplayGapError
+from services.gateway.ownership import owned_conversation
+from shared.event_stream import ReplayGap, check_event_id
+from shared.events import Event
+
+router = APIRouter(prefix="/api/conversations")
+
+
+class NewConversation(BaseModel):
+    """Body of ``POST /api/conversations``."""
+
+    workspace: str | None = None
+    title: str = Field(default="", max_length=200)
+
+
+class NewTurn(BaseModel):
+    """Body of ``POST /api/conversations/{id}/turns``."""
+
+    text: str = Field(min_length=1)
+    client_turn_id: str | None = Field(default=None, max_length=200)
+
+
+def _checked_after(after: str | None) -> str | None:
+    if after is None or after == "":
+        return None
+    try:
+        return check_event_id(after)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def _gap(conversation_id: str, after: str | None) -> ReplayGapError:
+    return ReplayGapError(
+        f"event {after!r} of {conversation_id!r} is no longer kept; reload the conversation"
+    )
+
+
+@router.get("")
+async def list_conversations(user: CurrentUser, gateway: GatewayDep) -> list[dict[str, Any]]:
+    """My conversations, newest first."""
+    return await gateway.db(lambda s: conversations.list_conversations(s, user.id))
+
+
+@router.post("", status_code=201)
+async def create_conversation(
+    body: NewConversation, user: CurrentUser, gateway: GatewayDep
+) -> dict[str, Any]:
+    """A new, empty conversation."""
+    conversation = await conversations.start_conversation(
+        gateway, user.id, body.workspace, body.title
+    )
+    return conversations.conversation_json(conversation)
+
+
+@router.get("/{conversation_id}")
+async def get_conversation(
+    conversation_id: str, user: CurrentUser, gateway: GatewayDep
+) -> dict[str, Any]:
+    """Turns, transcript, pending decisions and proposals."""
+    return await gateway.db(
+        lambda s: conversations.conversation_detail(s, user.id, conversation_id)
+    )
+
+
+@router.get("/{conversation_id}/events")
+async def list_events(
+    conversation_id: str,
+    user: CurrentUser,
+    gateway: GatewayDep,
+    after: str | None = None,
+    limit: Annotated[int | None, Query(ge=1, le=10_000)] = None,
+) -> list[Event]:
+    """Stored events after ``after`` (410 ``replay_gap`` if it is no longer kept)."""
+    start = _checked_after(after)
+    await gateway.db(lambda s: owned_conversation(s, user.id, conversation_id))
+    try:
+        return await gateway.events.read_after(conversation_id, start, count=limit)
+    except ReplayGap:
+        raise _gap(conversation_id, start) from None
+
+
+def _sse(event_id: str, text: str) -> str:
+    return f"id: {event_id}\ndata: {text}\n\n"
+
+
+@router.get("/{conversation_id}/stream")
+async def stream_events(
+    conversation_id: str,
+    user: CurrentUser,
+    gateway: GatewayDep,
+    after: str | None = None,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> StreamingResponse:
+    """Stored then live events as Server-Sent Events; resumes from ``Last-Event-ID``."""
+    start = _checked_after(last_event_id or after)
+    await gateway.db(lambda s: owned_conversation(s, user.id, conversation_id))
+    queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=gateway.settings.client_queue_size)
+
+    def deliver(event: Event, text: str) -> None:
+        queue.put_nowait(_sse(event.id, text))
+
+    def overflow() -> None:
+        # Too slow a reader: drop what is queued and end the stream; it resumes by id.
+        while not queue.empty():
+            queue.get_nowait()
+        queue.put_nowait(None)
+
+    try:
+        subscription, page = await gateway.hub.subscribe(conversation_id, start, deliver, overflow)
+    except ReplayGap:
+        raise _gap(conversation_id, start) from None
+
+    async def body() -> AsyncIterator[str]:
+        try:
+            async for event, text in subscription.catch_up(page, gateway.hub.stream):
+                yield _sse(event.id, text)
+            while True:
+                try:
+                    item = await asyncio.wait_for(queue.get(), gateway.settings.heartbeat_s)
+                except TimeoutError:
+                    yield ": heartbeat\n\n"
+                    continue
+                if item is None:
+                    return
+                yield item
+        finally:
+            gateway.hub.unsubscribe(subscription)
+
+    return StreamingResponse(
+        body(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.post("/{conversation_id}/turns", status_code=202)
+async def create_turn(
+    conversation_id: str, body: NewTurn, user: CurrentUser, gateway: GatewayDep
+) -> dict[str, Any]:
+    """Queue a turn (idempotent by ``client_turn_id``)."""
+    submitted = await turns.submit_turn(
+        gateway,
+        user.id,
+        conversation_id=conversation_id,
+        text=body.text,
+        client_turn_id=body.client_turn_id,
+    )
+    return {
+        "turn_id": submitted.turn_id,
+        "conversation_id": submitted.conversation_id,
+        "created": submitted.created,
+    }

@@ -1,0 +1,45 @@
+"""Liveness and readiness."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+
+from services.gateway.deps import GatewayDep
+
+router = APIRouter()
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 2.0
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """The process answers."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(gateway: GatewayDep) -> JSONResponse:
+    """200 when Redis and SQL both answer, else 503 naming which did not."""
+    checks: dict[str, str] = {}
+    try:
+        await asyncio.wait_for(gateway.redis.ping(), READY_TIMEOUT_S)
+        checks["redis"] = "ok"
+    except Exception as exc:
+        log.warning("readyz: redis: %r", exc)
+        checks["redis"] = "unavailable"
+    try:
+        await asyncio.wait_for(
+            gateway.db(lambda s: s.execute(text("SELECT 1")).scalar_one()), READY_TIMEOUT_S
+        )
+        checks["sql"] = "ok"
+    except Exception as exc:
+        log.warning("readyz: sql: %r", exc)
+        checks["sql"] = "unavailable"
+    ok = all(v == "ok" for v in checks.values())
+    return JSONResponse({"status": "ok" if ok else "unavailable", **checks}, 200 if ok else 503)

@@ -1,0 +1,34 @@
+"""Turn control over HTTP: cancel a turn, decide a tool call."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter
+from pydantic import BaseModel
+
+from services.gateway import tool_decisions, turns
+from services.gateway.deps import CurrentUser, GatewayDep
+
+router = APIRouter(prefix="/api")
+
+
+class ToolDecision(BaseModel):
+    """Body of ``POST /api/tool-calls/{id}/decision``."""
+
+    decision: Literal["allow", "deny"]
+    reason: str | None = None
+
+
+@router.post("/turns/{turn_id}/cancel")
+async def cancel_turn(turn_id: str, user: CurrentUser, gateway: GatewayDep) -> dict[str, Any]:
+    """Ask a queued or running turn to stop."""
+    return await turns.cancel_turn(gateway, user.id, turn_id)
+
+
+@router.post("/tool-calls/{call_id}/decision")
+async def decide_tool(
+    call_id: str, body: ToolDecision, user: CurrentUser, gateway: GatewayDep
+) -> dict[str, Any]:
+    """Allow or deny a call that waits for a decision (409 if it does not)."""
+    return await tool_decisions.decide_tool(gateway, user.id, call_id, body.decision, body.reason)

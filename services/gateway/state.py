@@ -1,0 +1,97 @@
+"""Everything one gateway process holds: settings, clients and the event relay hub.
+
+Built once by the app's lifespan and reached from routes through ``deps.GatewayDep``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import anyio.to_thread
+import httpx
+import redis.asyncio as aioredis
+from celery import Celery
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.gateway.relay import RELAY_SOCKET_TIMEOUT_S, RelayHub
+from shared.celery_app import ORCHESTRATOR_QUEUE, RUN_TURN_TASK, make_celery
+from shared.db import make_engine, make_session_factory
+from shared.event_stream import AsyncEventStream
+from shared.redis_keys import RedisKeys
+from shared.settings import GatewaySettings
+
+T = TypeVar("T")
+
+
+@dataclass
+class Gateway:
+    """The resources of one gateway process."""
+
+    settings: GatewaySettings
+    keys: RedisKeys
+    redis: aioredis.Redis
+    engine: Engine
+    sessions: sessionmaker[Session]
+    celery: Celery
+    http: httpx.AsyncClient
+    events: AsyncEventStream
+    hub: RelayHub
+
+    @classmethod
+    def build(cls, settings: GatewaySettings) -> Gateway:
+        """Create every client (nothing connects until first use)."""
+        keys = RedisKeys(settings.redis_prefix)
+        client = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
+        # Followers block in XREAD; their own pool keeps request traffic off those connections.
+        relay_client = aioredis.Redis.from_url(
+            settings.redis_url, decode_responses=True, socket_timeout=RELAY_SOCKET_TIMEOUT_S
+        )
+        engine = make_engine(settings.database_url)
+        return cls(
+            settings=settings,
+            keys=keys,
+            redis=client,
+            engine=engine,
+            sessions=make_session_factory(engine),
+            celery=make_celery("signalbox-gateway", settings),
+            http=httpx.AsyncClient(base_url=settings.proposals_url, timeout=30.0),
+            events=AsyncEventStream(client, keys),
+            hub=RelayHub(AsyncEventStream(relay_client, keys), settings.client_queue_size),
+        )
+
+    async def aclose(self) -> None:
+        """Stop the relay and close every client."""
+        await self.hub.aclose()
+        await self.hub.stream.client.aclose()
+        await self.http.aclose()
+        await self.redis.aclose()
+        self.engine.dispose()
+
+    async def db(self, fn: Callable[[Session], T]) -> T:
+        """Run ``fn`` in a worker thread inside one session, committing if it returns."""
+
+        def run() -> T:
+            with self.sessions() as session:
+                result = fn(session)
+                session.commit()
+                return result
+
+        return await anyio.to_thread.run_sync(run)
+
+    async def enqueue_turn(self, turn_id: str) -> None:
+        """Send ``orchestrator.run_turn(turn_id)`` (kombu publishes blocking: in a thread)."""
+
+        def send() -> None:
+            self.celery.send_task(RUN_TURN_TASK, args=[turn_id], queue=ORCHESTRATOR_QUEUE)
+
+        await anyio.to_thread.run_sync(send)
+
+    def internal_headers(self, user_id: str) -> dict[str, str]:
+        """Headers of an internal call to another service on behalf of ``user_id``."""
+        return {
+            "X-Signalbox-Internal-Token": self.settings.internal_token,
+            "X-Signalbox-User": user_id,
+        }

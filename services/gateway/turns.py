@@ -1,0 +1,191 @@
+"""Submitting and cancelling turns: the one path both the WebSocket and HTTP use.
+
+The gateway stores the turn (``queued``), appends ``turn_queued`` and enqueues
+``orchestrator.run_turn``; it never waits for the model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from services.gateway.conversations import TITLE_CHARS, start_conversation
+from services.gateway.errors import TurnBusy, Unavailable
+from services.gateway.ownership import owned_conversation, owned_turn
+from services.gateway.state import Gateway
+from shared.db import Conversation, Turn
+from shared.ids import new_id
+
+log = logging.getLogger(__name__)
+
+UNFINISHED = ("queued", "running", "parked")
+
+
+@dataclass(frozen=True)
+class SubmittedTurn:
+    """What a submission did; ``created`` is False for a repeated ``client_turn_id``."""
+
+    conversation_id: str
+    turn_id: str
+    created: bool
+    new_conversation: bool = False
+    queued_event_id: str | None = None
+
+
+@dataclass
+class _Inserted:
+    turn: Turn
+    created: bool
+    interrupted: list[str] = field(default_factory=list)
+
+
+def _existing_turn(session: Session, user_id: str, client_turn_id: str) -> Turn | None:
+    return session.scalars(
+        select(Turn)
+        .where(Turn.user_id == user_id, Turn.client_turn_id == client_turn_id)
+        .order_by(Turn.created_at)
+    ).first()
+
+
+def _insert_turn(
+    session: Session,
+    user_id: str,
+    conversation_id: str,
+    text: str,
+    client_turn_id: str | None,
+    client_tools: list[dict[str, Any]] | None,
+    busy_policy: str,
+) -> _Inserted:
+    conversation = owned_conversation(session, user_id, conversation_id)
+    # A no-op write takes the conversation's row lock (PostgreSQL) or the write lock (SQLite),
+    # so concurrent submissions get distinct seqs and one client_turn_id makes one turn.
+    session.execute(
+        update(Conversation)
+        .where(Conversation.id == conversation.id)
+        .values(title=Conversation.title)
+    )
+    if client_turn_id is not None:
+        existing = session.scalars(
+            select(Turn).where(
+                Turn.conversation_id == conversation.id, Turn.client_turn_id == client_turn_id
+            )
+        ).first()
+        if existing is not None:
+            return _Inserted(existing, created=False)
+    unfinished = session.scalars(
+        select(Turn).where(
+            Turn.conversation_id == conversation.id,
+            Turn.status.in_(UNFINISHED),
+            Turn.parent_call_id.is_(None),
+        )
+    ).all()
+    interrupted: list[str] = []
+    if unfinished and busy_policy == "reject":
+        raise TurnBusy(
+            f"conversation {conversation.id!r} has an unfinished turn {unfinished[0].id!r}"
+        )
+    if unfinished and busy_policy == "interrupt":
+        for earlier in unfinished:
+            earlier.cancel_requested = True
+            interrupted.append(earlier.id)
+    last_seq = session.scalar(
+        select(func.max(Turn.seq)).where(Turn.conversation_id == conversation.id)
+    )
+    turn = Turn(
+        id=new_id("turn"),
+        conversation_id=conversation.id,
+        user_id=user_id,
+        seq=(last_seq or 0) + 1,
+        text=text,
+        client_turn_id=client_turn_id,
+        client_tools=client_tools,
+        status="queued",
+    )
+    session.add(turn)
+    session.flush()
+    return _Inserted(turn, created=True, interrupted=interrupted)
+
+
+async def submit_turn(
+    gateway: Gateway,
+    user_id: str,
+    *,
+    conversation_id: str | None,
+    text: str,
+    client_turn_id: str | None = None,
+    workspace: str | None = None,
+    client_tools: list[dict[str, Any]] | None = None,
+) -> SubmittedTurn:
+    """Store a turn, announce it, enqueue it; a new conversation if ``conversation_id`` is None."""
+    new_conversation = False
+    if conversation_id is None:
+        if client_turn_id is not None:
+            # A resend of a first message must not open a second conversation.
+            cid = client_turn_id
+            existing = await gateway.db(lambda s: _existing_turn(s, user_id, cid))
+            if existing is not None:
+                return SubmittedTurn(existing.conversation_id, existing.id, created=False)
+        conversation = await start_conversation(gateway, user_id, workspace, text[:TITLE_CHARS])
+        conversation_id = conversation.id
+        new_conversation = True
+    conv_id = conversation_id
+    inserted = await gateway.db(
+        lambda s: _insert_turn(
+            s,
+            user_id,
+            conv_id,
+            text,
+            client_turn_id,
+            client_tools,
+            gateway.settings.busy_policy,
+        )
+    )
+    turn = inserted.turn
+    if not inserted.created:
+        return SubmittedTurn(turn.conversation_id, turn.id, created=False)
+    for earlier in inserted.interrupted:
+        await publish_cancel(gateway, earlier)
+    event_id = await gateway.events.append(
+        conv_id, "turn_queued", {"text": text, "client_turn_id": client_turn_id}, turn.id
+    )
+    try:
+        await gateway.enqueue_turn(turn.id)
+    except Exception as exc:
+        # The turn stays queued in SQL; the orchestrator picks up queued turns of a
+        # conversation when the one before ends, so a retry of the send is not needed.
+        log.error("could not enqueue turn %s: %s", turn.id, exc)
+        raise Unavailable(f"turn {turn.id!r} is stored but could not be enqueued: {exc}") from exc
+    return SubmittedTurn(
+        conv_id,
+        turn.id,
+        created=True,
+        new_conversation=new_conversation,
+        queued_event_id=event_id,
+    )
+
+
+async def publish_cancel(gateway: Gateway, turn_id: str) -> None:
+    """Tell every orchestrator that ``turn_id`` is to stop."""
+    await gateway.redis.publish(
+        gateway.keys.control_channel, json.dumps({"type": "cancel", "turn_id": turn_id})
+    )
+
+
+async def cancel_turn(gateway: Gateway, user_id: str, turn_id: str) -> dict[str, Any]:
+    """Ask for a turn to stop; a turn that already ended is left as it is."""
+
+    def mark(session: Session) -> tuple[str, str]:
+        turn = owned_turn(session, user_id, turn_id)
+        if turn.status in UNFINISHED:
+            turn.cancel_requested = True
+        return turn.conversation_id, turn.status
+
+    conversation_id, status = await gateway.db(mark)
+    if status in UNFINISHED:
+        await publish_cancel(gateway, turn_id)
+    return {"turn_id": turn_id, "conversation_id": conversation_id, "status": status}

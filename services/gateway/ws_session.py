@@ -1,0 +1,314 @@
+"""One accepted WebSocket: a reader that handles frames, a writer that drains one queue.
+
+Every outgoing frame (replies, events, heartbeats) goes through the socket's bounded
+queue and its single writer, so replies and events keep their order. A socket whose
+queue is full is closed with 1013; the followers that fill it never wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import redis.exceptions
+from pydantic import BaseModel
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from services.gateway import proposals_client, tool_decisions, turns
+from services.gateway.errors import BadInput, GatewayError, RateLimited, ReplayGapError, Unavailable
+from services.gateway.ownership import owned_conversation
+from services.gateway.rate_limit import allow
+from services.gateway.relay import Subscription
+from services.gateway.state import Gateway
+from shared.event_stream import ReplayGap, check_event_id
+from shared.events import Event, utc_now
+from shared.protocol import (
+    Ack,
+    Answer,
+    Cancel,
+    ClientFrame,
+    ClientToolResult,
+    DecideProposal,
+    DecideTool,
+    ErrorCode,
+    ErrorFrame,
+    FrameError,
+    Heartbeat,
+    Ping,
+    Pong,
+    Subscribe,
+    Unsubscribe,
+    UserTurn,
+    parse_client_frame,
+)
+
+log = logging.getLogger(__name__)
+
+MESSAGE_TOO_BIG = 1009
+TRY_AGAIN_LATER = 1013  # a reader too slow for its queue
+INTERNAL_ERROR = 1011
+
+
+@dataclass
+class _CatchUp:
+    """A writer job: replay a new subscription, then let it go live."""
+
+    subscription: Subscription
+    first_page: list[Event]
+    req: str | None
+
+
+class WsSession:
+    """The state of one connection: its user, subscriptions and outgoing queue."""
+
+    def __init__(self, gateway: Gateway, websocket: WebSocket, user_id: str) -> None:
+        self.gateway = gateway
+        self.websocket = websocket
+        self.user_id = user_id
+        self.queue: asyncio.Queue[str | _CatchUp] = asyncio.Queue(
+            maxsize=gateway.settings.client_queue_size
+        )
+        self.subscriptions: dict[str, Subscription] = {}
+        self.close_code: int | None = None
+        self._closing = asyncio.Event()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve the socket until the client leaves or the session closes it."""
+        tasks = {
+            asyncio.create_task(self._read_loop(), name="ws-reader"),
+            asyncio.create_task(self._write_loop(), name="ws-writer"),
+            asyncio.create_task(self._closing.wait(), name="ws-closing"),
+        }
+        try:
+            done, _pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                exc = task.exception()
+                if exc is not None and not isinstance(exc, WebSocketDisconnect):
+                    log.error("websocket session failed", exc_info=exc)
+                    self.request_close(INTERNAL_ERROR)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for subscription in self.subscriptions.values():
+                self.gateway.hub.unsubscribe(subscription)
+            self.subscriptions.clear()
+        if self.close_code is not None and self.websocket.client_state == WebSocketState.CONNECTED:
+            with contextlib.suppress(Exception):  # the client may be gone already
+                await self.websocket.close(code=self.close_code)
+
+    def request_close(self, code: int) -> None:
+        """Close the socket with ``code`` (the first reason wins)."""
+        if self.close_code is None:
+            self.close_code = code
+        self._closing.set()
+
+    # -- outgoing --------------------------------------------------------------------------
+
+    def _put(self, item: str | _CatchUp) -> None:
+        try:
+            self.queue.put_nowait(item)
+        except asyncio.QueueFull:
+            self.request_close(TRY_AGAIN_LATER)
+
+    def send(self, frame: BaseModel) -> None:
+        """Queue one reply frame."""
+        self._put(frame.model_dump_json())
+
+    def send_error(self, req: str | None, code: ErrorCode, message: str) -> None:
+        """Queue an ``error`` reply."""
+        self.send(ErrorFrame(req=req, code=code, message=message))
+
+    def _deliver(self, _event: Event, text: str) -> None:
+        self.queue.put_nowait(text)  # QueueFull is the subscription's to handle
+
+    def _overflow(self) -> None:
+        log.warning("closing a websocket of user %s: its queue is full", self.user_id)
+        self.request_close(TRY_AGAIN_LATER)
+
+    async def _write_loop(self) -> None:
+        heartbeat_s = self.gateway.settings.heartbeat_s
+        while True:
+            try:
+                item = await asyncio.wait_for(self.queue.get(), timeout=heartbeat_s)
+            except TimeoutError:
+                await self.websocket.send_text(Heartbeat(ts=utc_now()).model_dump_json())
+                continue
+            if isinstance(item, str):
+                await self.websocket.send_text(item)
+            else:
+                await self._catch_up(item)
+
+    async def _catch_up(self, job: _CatchUp) -> None:
+        subscription = job.subscription
+        try:
+            async for _event, text in subscription.catch_up(
+                job.first_page, self.gateway.hub.stream
+            ):
+                await self.websocket.send_text(text)
+        except (ReplayGap, redis.exceptions.RedisError) as exc:
+            # Trimmed or unreachable mid-replay: the client must resubscribe (or reload).
+            self._drop(subscription)
+            code: ErrorCode = "replay_gap" if isinstance(exc, ReplayGap) else "unavailable"
+            frame = ErrorFrame(
+                req=job.req,
+                code=code,
+                message=f"replay of {subscription.conversation_id!r} stopped: {exc!r}",
+            )
+            await self.websocket.send_text(frame.model_dump_json())
+
+    def _drop(self, subscription: Subscription) -> None:
+        self.gateway.hub.unsubscribe(subscription)
+        if self.subscriptions.get(subscription.conversation_id) is subscription:
+            del self.subscriptions[subscription.conversation_id]
+
+    # -- incoming --------------------------------------------------------------------------
+
+    def _too_big(self, raw: str | bytes) -> bool:
+        limit = self.gateway.settings.ws_max_frame_bytes
+        if len(raw) > limit:
+            return True
+        return isinstance(raw, str) and len(raw) * 4 > limit and len(raw.encode()) > limit
+
+    async def _read_loop(self) -> None:
+        while True:
+            message = await self.websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            raw: str | bytes | None = message.get("text")
+            if raw is None:
+                raw = message.get("bytes")
+            if raw is None:
+                continue
+            if self._too_big(raw):
+                self.request_close(MESSAGE_TOO_BIG)
+                return
+            await self.handle(raw)
+
+    async def handle(self, raw: str | bytes) -> None:
+        """Parse and dispatch one frame; every failure becomes an ``error`` reply."""
+        try:
+            frame = parse_client_frame(raw)
+        except FrameError as exc:
+            self.send_error(exc.req, exc.code, exc.message)
+            return
+        try:
+            per_minute = self.gateway.settings.rate_limit_per_minute
+            if not await allow(self.gateway.redis, self.gateway.keys, self.user_id, per_minute):
+                raise RateLimited(f"more than {per_minute} frames a minute")
+            await self.dispatch(frame)
+        except GatewayError as exc:
+            self.send_error(frame.req, exc.code, exc.message)
+        except redis.exceptions.RedisError as exc:
+            log.error("redis error on %s frame: %s", frame.type, exc)
+            self.send_error(frame.req, "unavailable", f"event store unavailable: {exc!r}")
+        except Exception:
+            log.exception("frame %s failed", frame.type)
+            self.send_error(frame.req, "internal", f"{frame.type} failed; see the gateway log")
+
+    async def dispatch(self, frame: ClientFrame) -> None:
+        """Do what one parsed frame asks."""
+        gateway, user_id = self.gateway, self.user_id
+        match frame:
+            case Ping():
+                self.send(Pong(req=frame.req))
+            case Subscribe():
+                await self.subscribe(frame.conversation_id, frame.after, Ack(req=frame.req))
+            case Unsubscribe():
+                subscription = self.subscriptions.get(frame.conversation_id)
+                if subscription is not None:
+                    self._drop(subscription)
+                self.send(Ack(req=frame.req))
+            case UserTurn():
+                await self.user_turn(frame)
+            case Cancel():
+                result = await turns.cancel_turn(gateway, user_id, frame.turn_id)
+                self.send(_ack(frame.req, result))
+            case DecideTool():
+                result = await tool_decisions.decide_tool(
+                    gateway, user_id, frame.call_id, frame.decision, frame.reason
+                )
+                self.send(_ack(frame.req, result))
+            case DecideProposal():
+                proposal = await proposals_client.decide_proposal(
+                    gateway, user_id, frame.proposal_id, frame.decision, frame.reason
+                )
+                self.send(
+                    _ack(
+                        frame.req,
+                        {"proposal_id": frame.proposal_id, "status": proposal.get("status")},
+                    )
+                )
+            case Answer() | ClientToolResult():
+                raise Unavailable(f"{frame.type!r} frames are not supported by this gateway yet")
+
+    async def subscribe(self, conversation_id: str, after: str | None, ack: Ack) -> None:
+        """Reply ``ack``, then every stored event after ``after``, then live events."""
+        if after is not None:
+            try:
+                check_event_id(after)
+            except ValueError as exc:
+                raise BadInput(str(exc)) from None
+        await self.gateway.db(lambda s: owned_conversation(s, self.user_id, conversation_id))
+        old = self.subscriptions.pop(conversation_id, None)
+        if old is not None:
+            self.gateway.hub.unsubscribe(old)
+        try:
+            subscription, page = await self.gateway.hub.subscribe(
+                conversation_id, after, self._deliver, self._overflow
+            )
+        except ReplayGap:
+            raise ReplayGapError(
+                f"event {after!r} of {conversation_id!r} is no longer kept; reload the "
+                "conversation over HTTP"
+            ) from None
+        self.subscriptions[conversation_id] = subscription
+        self.send(ack)
+        self._put(_CatchUp(subscription, page, ack.req))
+
+    async def user_turn(self, frame: UserTurn) -> None:
+        """Submit a turn, ``ack`` it, and follow its conversation from just before it."""
+        submitted = await turns.submit_turn(
+            self.gateway,
+            self.user_id,
+            conversation_id=frame.conversation_id,
+            text=frame.text,
+            client_turn_id=frame.client_turn_id,
+            workspace=frame.workspace,
+            client_tools=[t.model_dump(mode="json") for t in frame.client_tools]
+            if frame.client_tools
+            else None,
+        )
+        ack = Ack(
+            req=frame.req, conversation_id=submitted.conversation_id, turn_id=submitted.turn_id
+        )
+        if submitted.conversation_id in self.subscriptions:
+            self.send(ack)
+            return
+        after: str | None
+        if submitted.new_conversation:
+            after = None  # from the start: conversation_created too
+        elif submitted.queued_event_id is not None:
+            after = await self._event_before(submitted.conversation_id, submitted.queued_event_id)
+        else:
+            # A repeated client_turn_id: its events are the client's to replay by id.
+            after = await self.gateway.events.last_id(submitted.conversation_id)
+        await self.subscribe(submitted.conversation_id, after, ack)
+
+    async def _event_before(self, conversation_id: str, event_id: str) -> str | None:
+        entries: Any = await self.gateway.redis.xrevrange(
+            self.gateway.keys.events(conversation_id), max=f"({event_id}", min="-", count=1
+        )
+        if not entries:
+            return None
+        eid = entries[0][0]
+        return eid.decode() if isinstance(eid, bytes) else str(eid)
+
+
+def _ack(req: str | None, fields: dict[str, Any]) -> Ack:
+    return Ack(req=req, **fields)

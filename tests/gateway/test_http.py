@@ -1,0 +1,209 @@
+"""HTTP routes: health, auth, conversations, workspaces, the proposals pass-through, the UI."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from signalbox.redis_server import free_port
+from tests.gateway.conftest import LiveGateway, ServerThread, bearer, connect, request
+
+Users = Callable[[], tuple[str, str]]
+
+
+def test_healthz_and_readyz(gateway: LiveGateway) -> None:
+    assert httpx.get(f"{gateway.url}/healthz").json() == {"status": "ok"}
+    ready = httpx.get(f"{gateway.url}/readyz")
+    assert ready.status_code == 200
+    assert ready.json() == {"status": "ok", "redis": "ok", "sql": "ok"}
+
+
+def test_readyz_is_503_without_redis(start_gateway: Callable[..., LiveGateway]) -> None:
+    gateway = start_gateway(redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    ready = httpx.get(f"{gateway.url}/readyz", timeout=10)
+    assert ready.status_code == 503
+    assert ready.json()["redis"] == "unavailable"
+    assert ready.json()["sql"] == "ok"
+
+
+def test_api_needs_a_valid_bearer_token(gateway: LiveGateway) -> None:
+    assert httpx.get(f"{gateway.url}/api/conversations").status_code == 401
+    wrong = httpx.get(f"{gateway.url}/api/conversations", headers=bearer("sbt_nope"))
+    assert wrong.status_code == 401
+
+
+def test_conversations_create_list_detail_events(gateway: LiveGateway, make_user: Users) -> None:
+    _, token = make_user()
+    _, other = make_user()
+    with httpx.Client(base_url=gateway.url, headers=bearer(token)) as http:
+        created = http.post("/api/conversations", json={"title": "notes"})
+        assert created.status_code == 201
+        conversation_id = created.json()["conversation_id"]
+        turn = http.post(f"/api/conversations/{conversation_id}/turns", json={"text": "hello"})
+        assert turn.status_code == 202
+        listed = http.get("/api/conversations").json()
+        assert [c["conversation_id"] for c in listed] == [conversation_id]
+        detail = http.get(f"/api/conversations/{conversation_id}").json()
+        assert detail["title"] == "notes"
+        assert [(t["turn_id"], t["status"]) for t in detail["turns"]] == [
+            (turn.json()["turn_id"], "queued")
+        ]
+        assert detail["messages"] == detail["pending_decisions"] == detail["proposals"] == []
+        events = http.get(f"/api/conversations/{conversation_id}/events").json()
+        assert [e["kind"] for e in events] == ["conversation_created", "turn_queued"]
+        after_first = http.get(
+            f"/api/conversations/{conversation_id}/events", params={"after": events[0]["id"]}
+        ).json()
+        assert after_first == events[1:]
+        bad = http.get(f"/api/conversations/{conversation_id}/events", params={"after": "x"})
+        assert bad.status_code == 422
+        cancel = http.post(f"/api/turns/{turn.json()['turn_id']}/cancel")
+        assert cancel.json()["status"] == "queued"
+    assert httpx.get(f"{gateway.url}/api/conversations", headers=bearer(other)).json() == []
+    foreign = httpx.post(
+        f"{gateway.url}/api/turns/{turn.json()['turn_id']}/cancel", headers=bearer(other)
+    )
+    assert foreign.status_code == 404
+
+
+def test_workspaces_create_select_current(gateway: LiveGateway, make_user: Users) -> None:
+    user_id, token = make_user()
+    with httpx.Client(base_url=gateway.url, headers=bearer(token)) as http:
+        assert http.get("/api/workspace/current").json() == {"name": "default"}
+        assert http.post("/api/workspaces", json={"name": "site"}).status_code == 201
+        assert http.post("/api/workspaces", json={"name": "../up"}).status_code == 422
+        assert http.post("/api/workspace/select", json={"name": "nope"}).status_code == 404
+        assert http.post("/api/workspace/select", json={"name": "site"}).status_code == 200
+        assert http.get("/api/workspace/current").json() == {"name": "site"}
+        names = {w["name"]: w["selected"] for w in http.get("/api/workspaces").json()["workspaces"]}
+        assert names == {"site": True, "default": False}
+        conversation = http.post("/api/conversations", json={}).json()
+        assert conversation["workspace"] == "site"
+    assert (gateway.settings.workspaces_root / user_id / "site").is_dir()
+
+
+def test_web_ui_is_served(gateway: LiveGateway) -> None:
+    page = httpx.get(f"{gateway.url}/")
+    assert page.status_code == 200
+    assert "Signalbox" in page.text
+    assert httpx.get(f"{gateway.url}/static/app.js").status_code == 200
+
+
+# -- the proposals service, stood in for by a small app that records what it is sent --------
+
+
+@pytest.fixture
+def proposals_stub() -> Iterator[tuple[ServerThread, list[dict[str, Any]]]]:
+    seen: list[dict[str, Any]] = []
+
+    async def any_route(request: Request) -> JSONResponse:
+        body = await request.body()
+        seen.append(
+            {
+                "method": request.method,
+                "path": request.url.path,
+                "query": request.url.query,
+                "body": body.decode(),
+                "internal": request.headers.get("x-signalbox-internal-token"),
+                "user": request.headers.get("x-signalbox-user"),
+            }
+        )
+        proposal_id = request.path_params.get("pid", "")
+        if proposal_id == "stale":
+            return JSONResponse({"detail": "file changed since it was proposed"}, 409)
+        if proposal_id == "missing":
+            return JSONResponse({"detail": "not found"}, 404)
+        status = "rejected" if request.url.path.endswith("/reject") else "applied"
+        return JSONResponse({"proposal_id": proposal_id, "status": status}, 200)
+
+    app = Starlette(
+        routes=[
+            Route("/api/proposals/{pid}/{action}", any_route, methods=["POST"]),
+            Route("/api/proposals/{rest:path}", any_route, methods=["GET", "POST", "DELETE"]),
+        ]
+    )
+    server = ServerThread(app)
+    server.start()
+    yield server, seen
+    server.stop()
+
+
+def test_proposals_routes_are_passed_through_acting_for_the_user(
+    start_gateway: Callable[..., LiveGateway],
+    make_user: Users,
+    internal_token: str,
+    proposals_stub: tuple[ServerThread, list[dict[str, Any]]],
+) -> None:
+    stub, seen = proposals_stub
+    gateway = start_gateway(proposals_url=stub.url)
+    user_id, token = make_user()
+    with httpx.Client(base_url=gateway.url, headers=bearer(token)) as http:
+        pending = http.get("/api/proposals/pending", params={"limit": "5"})
+        rejected = http.post("/api/proposals/p1/reject", json={"reason": "no"})
+        stale = http.post("/api/proposals/stale/approve")
+        assert http.get("/api/proposals/pending", headers=bearer("x")).status_code == 401
+    assert pending.status_code == 200
+    assert rejected.json() == {"proposal_id": "p1", "status": "rejected"}
+    assert stale.status_code == 409
+    assert stale.json() == {"detail": "file changed since it was proposed"}
+    assert [(s["method"], s["path"], s["query"]) for s in seen] == [
+        ("GET", "/api/proposals/pending", "limit=5"),
+        ("POST", "/api/proposals/p1/reject", ""),
+        ("POST", "/api/proposals/stale/approve", ""),
+    ]
+    assert json.loads(seen[1]["body"]) == {"reason": "no"}
+    assert all(s["internal"] == internal_token and s["user"] == user_id for s in seen)
+
+
+@pytest.mark.anyio
+async def test_decide_proposal_frame(
+    start_gateway: Callable[..., LiveGateway],
+    make_user: Users,
+    proposals_stub: tuple[ServerThread, list[dict[str, Any]]],
+) -> None:
+    stub, seen = proposals_stub
+    gateway = start_gateway(proposals_url=stub.url)
+    user_id, token = make_user()
+
+    async def decide(proposal_id: str, decision: str) -> dict[str, Any]:
+        frame = {"type": "decide_proposal", "proposal_id": proposal_id, "decision": decision}
+        reply = await request(ws, frame)
+        reply.pop("req")
+        return reply
+
+    async with await connect(gateway, token) as ws:
+        assert await decide("p7", "approve") == {
+            "type": "ack", "proposal_id": "p7", "status": "applied"
+        }  # fmt: skip
+        assert (await decide("p8", "reject"))["status"] == "rejected"
+        stale = await decide("stale", "approve")
+        assert (stale["type"], stale["code"]) == ("error", "conflict")
+        assert "file changed" in stale["message"]
+        missing = await decide("missing", "reject")
+        assert (missing["type"], missing["code"]) == ("error", "not_found")
+    assert [s["path"] for s in seen] == [
+        "/api/proposals/p7/approve",
+        "/api/proposals/p8/reject",
+        "/api/proposals/stale/approve",
+        "/api/proposals/missing/reject",
+    ]
+    assert all(s["user"] == user_id for s in seen)
+
+
+@pytest.mark.anyio
+async def test_decide_proposal_without_the_service_is_unavailable(
+    gateway: LiveGateway, make_user: Users
+) -> None:
+    _, token = make_user()
+    async with await connect(gateway, token) as ws:
+        frame = {"type": "decide_proposal", "proposal_id": "p1", "decision": "approve"}
+        reply = await request(ws, frame)
+    assert (reply["type"], reply["code"]) == ("error", "unavailable")

@@ -1,0 +1,222 @@
+"""user_turn / HTTP turns: SQL rows, events on the socket, the Celery task on the broker."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from shared.db import Conversation, Message, ToolCall, Turn
+from shared.ids import new_id
+from shared.workspace_paths import workspace_dir
+from tests.gateway.conftest import (
+    LiveGateway,
+    bearer,
+    connect,
+    events_until,
+    queued_turn_tasks,
+    recv,
+    request,
+)
+
+pytestmark = pytest.mark.anyio
+
+Users = Callable[[], tuple[str, str]]
+
+
+def _kinds(events: list[dict[str, Any]]) -> list[str]:
+    return [e["kind"] for e in events]
+
+
+async def test_user_turn_creates_conversation_turn_events_and_task(
+    gateway: LiveGateway,
+    make_user: Users,
+    db_sessions: sessionmaker[Session],
+    redis_client: redis.Redis,
+) -> None:
+    user_id, token = make_user()
+    text = "Please tidy up the README and explain what changed. " * 3
+    tools = [{"name": "editor_state", "description": "d", "input_schema": {"type": "object"},
+              "timeout_s": 5.0}]  # fmt: skip
+    async with await connect(gateway, token) as ws:
+        frame = {"type": "user_turn", "conversation_id": None, "text": text, "client_tools": tools}
+        ack = await request(ws, frame)
+        assert ack["type"] == "ack"
+        conversation_id, turn_id = ack["conversation_id"], ack["turn_id"]
+        events = await events_until(ws, lambda es: len(es) >= 2)
+    assert _kinds(events) == ["conversation_created", "turn_queued"]
+    assert all(e["conversation_id"] == conversation_id for e in events)
+    assert events[1]["turn_id"] == turn_id
+    assert events[1]["data"] == {"text": text, "client_turn_id": None}
+    assert events[0]["data"] == {"workspace": "default", "title": text[:60]}
+
+    with db_sessions() as session:
+        conversation = session.get(Conversation, conversation_id)
+        turn = session.get(Turn, turn_id)
+    assert conversation is not None and conversation.user_id == user_id
+    assert turn is not None
+    assert (turn.status, turn.seq, turn.conversation_id) == ("queued", 1, conversation_id)
+    assert turn.client_tools == tools
+    assert workspace_dir(gateway.settings.workspaces_root, user_id, "default").is_dir()
+    assert queued_turn_tasks(redis_client, gateway.keys) == [("orchestrator.run_turn", [turn_id])]
+
+
+async def test_client_turn_id_makes_the_send_idempotent(
+    gateway: LiveGateway,
+    make_user: Users,
+    db_sessions: sessionmaker[Session],
+    redis_client: redis.Redis,
+) -> None:
+    _, token = make_user()
+    first = {"type": "user_turn", "conversation_id": None, "text": "hi", "client_turn_id": "c1"}
+    async with await connect(gateway, token) as ws:
+        a = await request(ws, first)
+        b = await request(ws, first)  # a resend of a first message: no second conversation
+        assert (a["conversation_id"], a["turn_id"]) == (b["conversation_id"], b["turn_id"])
+        again = {**first, "conversation_id": a["conversation_id"], "client_turn_id": "c2"}
+        c = await request(ws, again)
+        d = await request(ws, again)
+        assert c["turn_id"] == d["turn_id"] != a["turn_id"]
+    with db_sessions() as session:
+        turns = session.scalars(
+            select(Turn).where(Turn.conversation_id == a["conversation_id"]).order_by(Turn.seq)
+        ).all()
+    assert [(t.id, t.seq) for t in turns] == [(a["turn_id"], 1), (c["turn_id"], 2)]
+    tasks = queued_turn_tasks(redis_client, gateway.keys)
+    assert [args for _, args in tasks] == [[a["turn_id"]], [c["turn_id"]]]
+
+
+async def test_next_turn_on_a_new_socket_starts_at_its_turn_queued(
+    gateway: LiveGateway, make_user: Users
+) -> None:
+    _, token = make_user()
+    async with await connect(gateway, token) as ws:
+        ack = await request(ws, {"type": "user_turn", "conversation_id": None, "text": "one"})
+    async with await connect(gateway, token) as ws:
+        frame = {"type": "user_turn", "conversation_id": ack["conversation_id"], "text": "two"}
+        second = await request(ws, frame)
+        events = await events_until(ws, lambda es: len(es) >= 1)
+        assert _kinds(events) == ["turn_queued"]
+        assert events[0]["turn_id"] == second["turn_id"]
+        # Nothing older follows: the ping's reply is the next frame.
+        await ws.send(json.dumps({"type": "ping", "req": "p"}))
+        assert await recv(ws) == {"type": "pong", "req": "p"}
+
+
+async def test_http_turn_is_queued_and_enqueued(
+    gateway: LiveGateway, make_user: Users, redis_client: redis.Redis
+) -> None:
+    _, token = make_user()
+    async with httpx.AsyncClient(base_url=gateway.url, headers=bearer(token)) as http:
+        conversation = (await http.post("/api/conversations", json={"title": "t"})).json()
+        url = f"/api/conversations/{conversation['conversation_id']}/turns"
+        response = await http.post(url, json={"text": "hello", "client_turn_id": "k"})
+        repeat = await http.post(url, json={"text": "hello", "client_turn_id": "k"})
+    assert response.status_code == 202
+    assert repeat.json()["turn_id"] == response.json()["turn_id"]
+    tasks = queued_turn_tasks(redis_client, gateway.keys)
+    assert tasks == [("orchestrator.run_turn", [response.json()["turn_id"]])]
+
+
+async def test_busy_policy_reject_refuses_a_second_turn(
+    start_gateway: Callable[..., LiveGateway], make_user: Users
+) -> None:
+    gateway = start_gateway(busy_policy="reject")
+    _, token = make_user()
+    async with await connect(gateway, token) as ws:
+        ack = await request(ws, {"type": "user_turn", "conversation_id": None, "text": "one"})
+        frame = {"type": "user_turn", "conversation_id": ack["conversation_id"], "text": "two"}
+        reply = await request(ws, frame)
+    assert (reply["type"], reply["code"]) == ("error", "turn_busy")
+
+
+async def test_cancel_marks_the_turn_and_publishes(
+    gateway: LiveGateway,
+    make_user: Users,
+    db_sessions: sessionmaker[Session],
+    redis_client: redis.Redis,
+) -> None:
+    _, token = make_user()
+    _, other_token = make_user()
+    pubsub = redis_client.pubsub()  # type: ignore[no-untyped-call]
+    pubsub.subscribe(gateway.keys.control_channel)
+    assert pubsub.get_message(timeout=5)["type"] == "subscribe"
+    async with await connect(gateway, token) as ws:
+        ack = await request(ws, {"type": "user_turn", "conversation_id": None, "text": "go"})
+        reply = await request(ws, {"type": "cancel", "turn_id": ack["turn_id"]})
+    assert reply["type"] == "ack"
+    message = pubsub.get_message(timeout=5)
+    assert message is not None
+    assert json.loads(message["data"]) == {"type": "cancel", "turn_id": ack["turn_id"]}
+    pubsub.close()
+    with db_sessions() as session:
+        turn = session.get(Turn, ack["turn_id"])
+        assert turn is not None and turn.cancel_requested
+    async with await connect(gateway, other_token) as ws:
+        reply = await request(ws, {"type": "cancel", "turn_id": ack["turn_id"]})
+    assert (reply["type"], reply["code"]) == ("error", "not_found")
+
+
+def _tool_call_needing_decision(session: Session, turn: Turn) -> str:
+    message = Message(
+        id=new_id("msg"),
+        conversation_id=turn.conversation_id,
+        turn_id=turn.id,
+        seq=1,
+        role="assistant",
+        content=[{"type": "tool_use", "id": "tu_1", "name": "run_python", "input": {}}],
+    )
+    session.add(message)
+    session.flush()
+    call = ToolCall(
+        id=new_id("call"),
+        turn_id=turn.id,
+        message_id=message.id,
+        position=0,
+        tool_use_id="tu_1",
+        tool="run_python",
+        input={"code": "1+1"},
+        status="needs_decision",
+    )
+    session.add(call)
+    session.commit()
+    return call.id
+
+
+async def test_decide_tool_records_once_announces_and_resumes(
+    gateway: LiveGateway,
+    make_user: Users,
+    db_sessions: sessionmaker[Session],
+    redis_client: redis.Redis,
+) -> None:
+    _, token = make_user()
+    _, other_token = make_user()
+    async with await connect(gateway, token) as ws:
+        ack = await request(ws, {"type": "user_turn", "conversation_id": None, "text": "go"})
+        await events_until(ws, lambda es: len(es) >= 2)
+        with db_sessions() as session:
+            turn = session.get(Turn, ack["turn_id"])
+            assert turn is not None
+            call_id = _tool_call_needing_decision(session, turn)
+        async with await connect(gateway, other_token) as intruder:
+            reply = await request(intruder, {"type": "decide_tool", "call_id": call_id,
+                                             "decision": "allow"})  # fmt: skip
+            assert (reply["type"], reply["code"]) == ("error", "not_found")
+        reply = await request(ws, {"type": "decide_tool", "call_id": call_id, "decision": "deny"})
+        assert reply["type"] == "ack"
+        events = await events_until(ws, lambda es: len(es) >= 1)
+        assert events[0]["kind"] == "tool_call_decided"
+        assert events[0]["data"] == {"call_id": call_id, "decision": "deny"}
+        again = await request(ws, {"type": "decide_tool", "call_id": call_id, "decision": "allow"})
+        assert (again["type"], again["code"]) == ("error", "conflict")
+    with db_sessions() as session:
+        call = session.get(ToolCall, call_id)
+        assert call is not None and call.decision == "deny"
+    tasks = queued_turn_tasks(redis_client, gateway.keys)
+    assert [args for _, args in tasks] == [[ack["turn_id"]], [ack["turn_id"]]]

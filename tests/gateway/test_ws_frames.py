@@ -1,0 +1,94 @@
+"""Frame handling on an accepted socket: replies echo ``req``, bad frames keep it open."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+import websockets
+
+from tests.gateway.conftest import LiveGateway, connect, recv, request
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_ping_gets_pong_echoing_req(
+    gateway: LiveGateway, make_user: Callable[[], tuple[str, str]]
+) -> None:
+    _, token = make_user()
+    async with await connect(gateway, token) as ws:
+        await ws.send(json.dumps({"type": "ping", "req": "r-1"}))
+        assert await recv(ws) == {"type": "pong", "req": "r-1"}
+
+
+async def test_non_json_frame_is_bad_frame_and_socket_stays_open(
+    gateway: LiveGateway, make_user: Callable[[], tuple[str, str]]
+) -> None:
+    _, token = make_user()
+    async with await connect(gateway, token) as ws:
+        await ws.send("this is {not json")
+        reply = await recv(ws)
+        assert reply["type"] == "error"
+        assert reply["code"] == "bad_frame"
+        assert (await request(ws, {"type": "ping"}))["type"] == "pong"
+
+
+async def test_unknown_type_and_bad_field_are_errors_echoing_req(
+    gateway: LiveGateway, make_user: Callable[[], tuple[str, str]]
+) -> None:
+    _, token = make_user()
+    async with await connect(gateway, token) as ws:
+        reply = await request(ws, {"type": "launch_missiles"})
+        assert (reply["type"], reply["code"]) == ("error", "unknown_type")
+        reply = await request(ws, {"type": "decide_tool", "call_id": "c", "decision": "maybe"})
+        assert (reply["type"], reply["code"]) == ("error", "bad_frame")
+        assert "decision" in reply["message"]
+        assert (await request(ws, {"type": "ping"}))["type"] == "pong"
+
+
+async def test_frame_over_max_size_closes_with_1009(
+    start_gateway: Callable[..., LiveGateway], make_user: Callable[[], tuple[str, str]]
+) -> None:
+    gateway = start_gateway(ws_max_frame_bytes=2048)
+    _, token = make_user()
+    async with await connect(gateway, token) as ws:
+        under = json.dumps({"type": "ping", "req": "x" * 1900})
+        await ws.send(under)
+        assert (await recv(ws))["type"] == "pong"
+        await ws.send(json.dumps({"type": "ping", "req": "x" * 3000}))
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await recv(ws)
+        assert closed.value.rcvd is not None
+        assert closed.value.rcvd.code == 1009
+
+
+async def test_not_yet_supported_frames_answer_unavailable(
+    gateway: LiveGateway, make_user: Callable[[], tuple[str, str]]
+) -> None:
+    _, token = make_user()
+    async with await connect(gateway, token) as ws:
+        reply = await request(ws, {"type": "answer", "question_id": "q", "text": "yes"})
+        assert (reply["type"], reply["code"]) == ("error", "unavailable")
+
+
+async def test_idle_socket_gets_heartbeats(
+    start_gateway: Callable[..., LiveGateway], make_user: Callable[[], tuple[str, str]]
+) -> None:
+    gateway = start_gateway(heartbeat_s=0.2)
+    _, token = make_user()
+    async with await connect(gateway, token) as ws:
+        frame = json.loads(await ws.recv())
+        assert frame["type"] == "heartbeat"
+        assert frame["ts"].endswith("Z")
+
+
+async def test_frames_over_the_rate_limit_are_refused(
+    start_gateway: Callable[..., LiveGateway], make_user: Callable[[], tuple[str, str]]
+) -> None:
+    gateway = start_gateway(rate_limit_per_minute=3)
+    _, token = make_user()
+    async with await connect(gateway, token) as ws:
+        replies = [await request(ws, {"type": "ping"}) for _ in range(4)]
+        assert [r["type"] for r in replies[:3]] == ["pong"] * 3
+        assert (replies[3]["type"], replies[3]["code"]) == ("error", "rate_limited")
