@@ -16,7 +16,6 @@ from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
 
 from shared.db import ApiToken, User, make_engine, make_session_factory
-from shared.db.migrate import upgrade
 from shared.db.users import create_user, issue_token, revoke_tokens
 
 
@@ -41,6 +40,8 @@ def safe_url(database_url: str) -> str:
 
 def migrate(database_url: str) -> None:
     """Bring the database up to the newest schema."""
+    from shared.db.migrate import upgrade  # alembic is slow to import and only needed here
+
     upgrade(database_url)
 
 

@@ -30,11 +30,18 @@ class Child:
     log_path: Path
     env: dict[str, str]
     process: subprocess.Popen[bytes] | None = None
+    log_start: int = 0  # where this run's output begins in the (appended) log
 
     def start(self) -> None:
         """Start the child in its own session so that stopping it stops its workers too."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
+            # Logs are appended across restarts; a marker keeps a log tail from mixing runs.
+            log.write(
+                f"--- {self.name} starting at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode()
+            )
+            log.flush()
+            self.log_start = log.tell()
             self.process = subprocess.Popen(
                 self.args,
                 env=self.env,
@@ -107,7 +114,9 @@ def log_contains(child: Child, text: str) -> Callable[[], bool]:
 
     def check() -> bool:
         try:
-            return text in child.log_path.read_text(errors="replace")
+            with open(child.log_path, "rb") as log:
+                log.seek(child.log_start)  # a restart must not see the last run's "ready."
+                return text in log.read().decode(errors="replace")
         except FileNotFoundError:
             return False
 

@@ -18,7 +18,10 @@ class WsClient:
     def __init__(self, gateway_url: str, token: str, **connect_kwargs: Any) -> None:
         url = gateway_url.replace("http://", "ws://") + "/ws"
         self.conn: ClientConnection = connect(
-            url, additional_headers={"Authorization": f"Bearer {token}"}, **connect_kwargs
+            url,
+            additional_headers={"Authorization": f"Bearer {token}"},
+            legacy=True,
+            **connect_kwargs,
         )
         self.events: list[Frame] = []
         self.others: list[Frame] = []

@@ -1,0 +1,23 @@
+# One image for every Signalbox service; docker-compose.yml picks the command.
+FROM python:3.11-slim
+
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+RUN useradd --create-home --uid 10001 signalbox \
+    # The workspaces volume takes this directory's owner when Docker first creates it.
+    && mkdir -p /data/workspaces \
+    && chown signalbox:signalbox /data/workspaces
+
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY shared ./shared
+COPY services ./services
+COPY signalbox ./signalbox
+RUN pip install . && rm -rf build *.egg-info
+
+USER signalbox
+EXPOSE 8000 8001
+CMD ["signalbox", "--help"]

@@ -1,0 +1,23 @@
+# Sourced by scripts/test and scripts/up: make sure .venv exists, built on Python 3.11+.
+# Set PYTHON=python3.12 (say) to choose the interpreter that creates it.
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+        echo "Signalbox needs Python 3.11 or newer; '$PYTHON' is not (set PYTHON=python3.11)" >&2
+        exit 1
+    fi
+    echo "==> creating .venv with $("$PYTHON" --version)"
+    "$PYTHON" -m venv .venv
+fi
+
+# pip's output (build warnings included) is shown only when the install fails.
+pip_install() {
+    local log
+    log="$(mktemp)"
+    if ! .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@" >"$log" 2>&1; then
+        cat "$log" >&2
+        rm -f "$log"
+        return 1
+    fi
+    rm -f "$log"
+}

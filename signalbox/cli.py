@@ -1,0 +1,206 @@
+"""The ``signalbox`` command: runs every service on one machine, and the admin tools."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from shared.settings import CommonSettings, SettingsError, load
+from signalbox import admin
+from signalbox.gateway_api import DEFAULT_GATEWAY_URL, ApiError, ProposalsApi, resolve_token
+
+
+def _port(value: str) -> int:
+    port = int(value)
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port 1-65535, got {value!r}")
+    return port
+
+
+def _client_options(parser: argparse.ArgumentParser) -> None:
+    """``--url`` and ``--token``: how a client command reaches the gateway as a user."""
+    parser.add_argument(
+        "--url", default=DEFAULT_GATEWAY_URL, help=f"gateway URL (default {DEFAULT_GATEWAY_URL})"
+    )
+    parser.add_argument(
+        "--token",
+        help="API token (default: $SIGNALBOX_TOKEN, else ./var/admin-token of `signalbox up`)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every subcommand (tests check docker-compose.yml against it)."""
+    parser = argparse.ArgumentParser(
+        prog="signalbox", description="Signalbox: server-side LLM agents over Celery and Redis."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser("up", help="run every service on this machine and print a login URL")
+    up.add_argument("--port", type=_port, default=8000, help="gateway port (default 8000)")
+    up.add_argument("--var", type=Path, default=Path("var"), help="state directory (default ./var)")
+    up.add_argument(
+        "--host", default="127.0.0.1", help="address the services listen on (default 127.0.0.1)"
+    )
+    up.add_argument(
+        "--tools-workers", type=int, default=1, help="tool worker processes (default 1)"
+    )
+
+    sub.add_parser("migrate", help="bring SIGNALBOX_DATABASE_URL up to the newest schema")
+
+    users = sub.add_parser("users", help="manage users and their API tokens")
+    users_sub = users.add_subparsers(dest="users_command", required=True, metavar="ACTION")
+    add = users_sub.add_parser("add", help="create a user and print its token")
+    add.add_argument("name")
+    users_sub.add_parser("list", help="list users and how many live tokens each has")
+    revoke = users_sub.add_parser("revoke", help="revoke every token of a user")
+    revoke.add_argument("name")
+    token = users_sub.add_parser("token", help="print a new extra token for an existing user")
+    token.add_argument("name")
+
+    chat = sub.add_parser("chat", help="chat with the agent in this terminal over the WebSocket")
+    _client_options(chat)
+    chat.add_argument("--conversation", help="continue this conversation (shown from its start)")
+    chat.add_argument("--workspace", help="workspace of a new conversation (default: selected)")
+    chat.add_argument(
+        "--once", metavar="TEXT", help="send one turn, print it to its end, exit 0 if completed"
+    )
+    decide = chat.add_mutually_exclusive_group()
+    decide.add_argument(
+        "--approve-all",
+        action="store_true",
+        help="with --once: approve every proposal and allow every tool that asks",
+    )
+    decide.add_argument(
+        "--reject-all",
+        action="store_true",
+        help="with --once: reject every proposal and deny every tool that asks",
+    )
+    chat.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="with --once: give up after this many seconds (default 600)",
+    )
+
+    proposals = sub.add_parser("proposals", help="list, show, approve or reject proposals")
+    proposals_sub = proposals.add_subparsers(
+        dest="proposals_command", required=True, metavar="ACTION"
+    )
+    _client_options(proposals_sub.add_parser("list", help="my pending proposals"))
+    for action, what in (
+        ("show", "a proposal with its diff"),
+        ("approve", "apply a proposal"),
+        ("reject", "reject a proposal"),
+    ):
+        one = proposals_sub.add_parser(action, help=what)
+        one.add_argument("proposal_id", metavar="ID")
+        _client_options(one)
+        if action == "reject":
+            one.add_argument("--reason", help="why, kept with the decision")
+    return parser
+
+
+def _database_url() -> str:
+    return load(CommonSettings).database_url
+
+
+def _users(args: argparse.Namespace) -> int:
+    url = _database_url()
+    if args.users_command == "add":
+        print(admin.add_user(url, args.name))
+    elif args.users_command == "token":
+        print(admin.new_token(url, args.name))
+    elif args.users_command == "revoke":
+        n = admin.revoke_user_tokens(url, args.name)
+        print(f"revoked {n} token(s) of {args.name!r}")
+    elif args.users_command == "list":
+        rows = admin.list_users(url)
+        if not rows:
+            print("no users yet: `signalbox users add NAME`")
+        width = max((len(r.name) for r in rows), default=4)
+        for r in rows:
+            created = r.created_at.strftime("%Y-%m-%d %H:%M")
+            print(f"{r.name:<{width}}  {r.user_id}  created {created}  live tokens {r.live_tokens}")
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    # Imported here: the admin commands should not pay for the process supervisor.
+    from signalbox.up import UpError, UpOptions, run_up
+
+    options = UpOptions(
+        port=args.port, var_dir=args.var, host=args.host, tools_workers=args.tools_workers
+    )
+    try:
+        return run_up(options)
+    except UpError as exc:
+        print(f"signalbox: {exc}", file=sys.stderr)
+        return 1
+
+
+def _chat(args: argparse.Namespace) -> int:
+    # Imported here: the admin commands should not pay for the WebSocket client.
+    from signalbox.chat import ChatError, ChatOptions, Policy, run_chat
+
+    if (args.approve_all or args.reject_all) and args.once is None:
+        print("signalbox: --approve-all and --reject-all go with --once", file=sys.stderr)
+        return 2
+    policy: Policy = "ask" if args.once is None else "leave"
+    if args.approve_all:
+        policy = "approve"
+    elif args.reject_all:
+        policy = "reject"
+    options = ChatOptions(
+        url=args.url,
+        token=resolve_token(args.token),
+        conversation_id=args.conversation,
+        workspace=args.workspace,
+        policy=policy,
+        timeout_s=args.timeout,
+    )
+    try:
+        return run_chat(options, once=args.once)
+    except ChatError as exc:
+        print(f"signalbox: {exc}", file=sys.stderr)
+        return 1
+
+
+def _proposals(args: argparse.Namespace) -> int:
+    from signalbox.proposals_cli import run_proposals
+
+    api = ProposalsApi(args.url, resolve_token(args.token))
+    return run_proposals(
+        api,
+        args.proposals_command,
+        getattr(args, "proposal_id", None),
+        getattr(args, "reason", None),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``signalbox`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "up":
+            return _up(args)
+        if args.command == "migrate":
+            url = _database_url()
+            admin.migrate(url)
+            print(f"database at {admin.safe_url(url)} is at the newest schema")
+            return 0
+        if args.command == "users":
+            return _users(args)
+        if args.command == "chat":
+            return _chat(args)
+        if args.command == "proposals":
+            return _proposals(args)
+    except (admin.AdminError, SettingsError, ApiError) as exc:
+        print(f"signalbox: {exc}", file=sys.stderr)
+        return 1
+    raise AssertionError(f"unhandled command {args.command!r}")  # argparse allows no other
+
+
+if __name__ == "__main__":
+    sys.exit(main())
