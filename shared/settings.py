@@ -7,9 +7,9 @@ fails there with a message that names the variable, not later in a request.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PLACEHOLDERS = frozenset({"", "changeme", "change-me", "changethis", "secret", "xxx", "todo"})
@@ -64,6 +64,7 @@ class GatewaySettings(_NeedsInternalToken):
     allowed_origins: list[str] = Field(default_factory=list)
     ws_max_frame_bytes: int = 1024 * 1024
     heartbeat_s: float = 15.0
+    ws_idle_timeout_s: float = 300.0  # close 1001 when the client sent nothing for this long
     client_queue_size: int = 1000  # events buffered per socket before a slow reader is closed
     rate_limit_per_minute: int = 600
     busy_policy: Literal["enqueue", "reject", "interrupt"] = "enqueue"
@@ -74,7 +75,7 @@ class OrchestratorSettings(CommonSettings):
 
     anthropic_api_key: str | None = Field(default=None, validation_alias="ANTHROPIC_API_KEY")
     anthropic_base_url: str | None = Field(default=None, validation_alias="ANTHROPIC_BASE_URL")
-    model: str = "claude-sonnet-4-5"
+    model: str = "claude-sonnet-5-5"
     max_tokens: int = 4096
     max_steps: int = 10
     system_prompt: str = (
@@ -83,6 +84,36 @@ class OrchestratorSettings(CommonSettings):
     )
     tool_grace_s: float = 5.0  # beyond a tool's own limit before the orchestrator calls it lost
     lease_s: float = 30.0
+    # Tool-approval policy (services/orchestrator/policy.py): a JSON or TOML file, and/or JSON
+    # here; the environment's rules apply after the file's. A broken policy stops start-up.
+    tool_policy_file: Path | None = None
+    tool_policy: dict[str, Any] | None = None
+    decision_ttl_s: float = 600.0  # a confirm call or ask_user question waits this long
+    context_tokens: int = 150_000  # transcript budget (estimated as characters / 4)
+    tool_output_max_chars: int = 50_000  # a tool output longer than this reaches the model cut
+    subagent_max_steps: int = 5  # model steps of one spawn_agent child turn
+
+
+class McpServerSettings(BaseModel):
+    """One MCP server whose tools the tool workers serve: a stdio ``command`` or an HTTP ``url``."""
+
+    command: list[str] | None = None
+    url: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)  # extra environment of a stdio server
+    timeout_s: float = 30.0
+    mode: Literal["auto", "confirm", "deny"] = "confirm"  # its tools may do anything
+    queue: str = "tools"
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerSettings:
+        if (self.command is None) == (self.url is None):
+            raise ValueError(
+                f"expected exactly one of command or url, got command={self.command!r}, "
+                f"url={self.url!r}"
+            )
+        if self.command is not None and not self.command:
+            raise ValueError("expected a non-empty command, got []")
+        return self
 
 
 class ToolsSettings(_NeedsInternalToken):
@@ -92,12 +123,27 @@ class ToolsSettings(_NeedsInternalToken):
     catalogue_refresh_s: float = 10.0
     read_max_bytes: int = 256 * 1024
     search_max_results: int = 200
+    # A deployment's own tools: modules (``pkg.mod`` or ``pkg.mod:attr``) holding a Registry,
+    # besides the ``signalbox.tools`` entry-point group.
+    tool_modules: list[str] = Field(default_factory=list)
+    tool_timeouts: dict[str, float] = Field(default_factory=dict)  # tool name -> limit (s)
+    tool_queues: dict[str, str] = Field(default_factory=dict)  # tool name -> Celery queue
+    mcp_servers: dict[str, McpServerSettings] = Field(default_factory=dict)
+    # run_python: limits of the sandboxed child (docs/operations.md says what is enforced where)
+    sandbox_cpu_s: int = 10
+    sandbox_memory_mb: int = 512
+    sandbox_file_mb: int = 16
+    sandbox_open_files: int = 64
+    sandbox_processes: int = 32
+    sandbox_output_bytes: int = 32 * 1024
 
 
 class ProposalsSettings(_NeedsInternalToken):
     """Settings of ``services/proposals``."""
 
     proposal_ttl_s: int = 24 * 3600
+    outbox_sweep_s: float = 2.0  # how soon a decision committed while Redis was down goes out
+    git_commit_on_apply: bool = False  # commit each applied proposal if the workspace is a repo
 
 
 S = TypeVar("S", bound=BaseSettings)

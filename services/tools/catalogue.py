@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import redis
 
-from services.tools import workspace_tools
+from services.tools import plugins, sandbox, workspace_tools
 from services.tools.registry import Registry
 from shared.redis_keys import RedisKeys
+from shared.settings import ToolsSettings
 from shared.tool_contract import ToolSpec, publish_catalogue, withdraw_catalogue
 
 log = logging.getLogger(__name__)
@@ -26,13 +27,36 @@ TTL_REFRESHES = 3  # a catalogue outlives two missed refreshes, not three
 
 
 def load_tools(environ: Mapping[str, str] = os.environ) -> Registry:
-    """Every tool of this worker; the test-only tools only when ``SIGNALBOX_TEST_TOOLS=1``."""
-    registries = [workspace_tools.registry]
+    """Signalbox's own tools; the test-only tools only when ``SIGNALBOX_TEST_TOOLS=1``."""
+    registries = [workspace_tools.registry, sandbox.registry]
     if environ.get(TEST_TOOLS_ENV) == "1":
         from services.tools import test_tools
 
         registries.append(test_tools.registry)
     return Registry.merged(registries)
+
+
+def worker_tools(settings: ToolsSettings, environ: Mapping[str, str] = os.environ) -> Registry:
+    """Every tool a worker serves: its own, the deployment's, its MCP servers', with overrides.
+
+    A deployment tool that does not load fails the worker's start (``ToolLoadError``); an MCP
+    server that does not answer is logged and left out, so the other tools stay available.
+    """
+    registries = [load_tools(environ), *plugins.deployment_registries(settings.tool_modules)]
+    if settings.mcp_servers:
+        from services.tools import mcp_tools  # the mcp SDK is only imported when configured
+
+        registries.append(mcp_tools.discover(settings.mcp_servers))
+    merged = Registry.merged(registries)
+    return merged.with_overrides(settings.tool_timeouts, settings.tool_queues)
+
+
+def served(specs: list[ToolSpec], queues: Iterable[str] | None) -> list[ToolSpec]:
+    """The specs whose queue this worker consumes (all of them when that is unknown)."""
+    if queues is None:
+        return specs
+    consumed = set(queues)
+    return [s for s in specs if s.queue in consumed]
 
 
 class CatalogueRefresher:

@@ -88,6 +88,7 @@ def context_for(request: ToolCallRequest, deps: Deps) -> ToolContext:
         proposals=deps.proposals,
         redis=deps.redis,
         keys=deps.keys,
+        timeout_s=request.timeout_s,
     )
 
 

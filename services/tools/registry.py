@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,6 +51,7 @@ class ToolContext:
     proposals: httpx.Client
     redis: redis.Redis
     keys: RedisKeys
+    timeout_s: float = DEFAULT_TIMEOUT_S  # this call's soft time limit, for tools that pace work
 
 
 ToolFunction = Callable[[Any, ToolContext], str | ToolOutput]
@@ -142,6 +143,34 @@ class Registry:
     def specs(self) -> list[ToolSpec]:
         """The catalogue entries of every tool, sorted by name."""
         return [self._tools[n].spec for n in self.names()]
+
+    def tools(self) -> list[Tool]:
+        """Every tool, sorted by name."""
+        return [self._tools[n] for n in self.names()]
+
+    def with_overrides(self, timeouts: Mapping[str, float], queues: Mapping[str, str]) -> Registry:
+        """A copy with some tools' time limits and queues replaced (a deployment's settings).
+
+        A name that is no tool here is refused: a typo would otherwise leave a limit unset.
+        """
+        unknown = sorted((set(timeouts) | set(queues)) - set(self._tools))
+        if unknown:
+            raise ValueError(
+                f"time limit or queue set for unknown tools {unknown!r}; "
+                f"known tools: {', '.join(self.names())}"
+            )
+        for name, limit in timeouts.items():
+            if limit <= 0:
+                raise ValueError(f"expected a positive time limit for {name!r}, got {limit!r}")
+        changed = []
+        for t in self._tools.values():
+            update: dict[str, Any] = {}
+            if t.name in timeouts:
+                update["timeout_s"] = float(timeouts[t.name])
+            if t.name in queues:
+                update["queue"] = queues[t.name]
+            changed.append(replace(t, spec=t.spec.model_copy(update=update)) if update else t)
+        return Registry(changed)
 
     @classmethod
     def merged(cls, registries: Iterable[Registry]) -> Registry:

@@ -9,9 +9,8 @@ from celery import Task
 from celery.exceptions import TimeLimitExceeded
 from celery.signals import worker_process_init
 
-from services.tools.catalogue import load_tools
 from services.tools.execution import Deps, report_killed, run_call
-from services.tools.worker import app, settings
+from services.tools.worker import app, registry, settings
 from shared.celery_app import RUN_TOOL_TASK
 
 _deps: tuple[int, Deps] | None = None
@@ -21,7 +20,7 @@ def deps() -> Deps:
     """This process's connections, made after fork (prefork children must not share them)."""
     global _deps
     if _deps is None or _deps[0] != os.getpid():
-        _deps = (os.getpid(), Deps.create(settings, load_tools()))
+        _deps = (os.getpid(), Deps.create(settings, registry))
     return _deps[1]
 
 

@@ -1,13 +1,20 @@
 """TEST-ONLY tools, registered only when ``SIGNALBOX_TEST_TOOLS=1`` (never in a deployment).
 
 ``sleep`` lets tests hold a worker slot past the soft (or, ignoring it, the hard) time
-limit; ``count_calls`` increments a Redis counter so tests can count how often a call
-really ran (redelivery, claims).
+limit; ``block`` blocks inside C (``time.sleep``, ``select``, a socket ``recv``), optionally
+with every signal blocked, as a C extension that never returns to Python would;
+``count_calls`` increments a Redis counter so tests can count how often a call really ran
+(redelivery, claims).
 """
 
 from __future__ import annotations
 
+import contextlib
+import select
+import signal
+import socket
 import time
+from typing import Literal
 
 from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import BaseModel, Field
@@ -65,3 +72,36 @@ class CountCallsInput(BaseModel):
 def count_calls(args: CountCallsInput, ctx: ToolContext) -> str:
     """Increment the counter ``args.key`` and return its value."""
     return str(ctx.redis.incr(counter_key(ctx.keys, args.key)))
+
+
+class BlockInput(BaseModel):
+    """Input of ``block``."""
+
+    how: Literal["sleep", "select", "recv"] = Field(description="the blocking C call")
+    seconds: float = Field(30, ge=0, le=600, description="how long the call blocks")
+    block_signals: bool = Field(
+        False, description="block every signal first, so no soft time limit can interrupt"
+    )
+
+
+@registry.tool(
+    name="block",
+    description="TEST ONLY: block inside a C call (time.sleep, select or a socket recv).",
+    timeout_s=5,
+    idempotent=True,
+)
+def block(args: BlockInput, ctx: ToolContext) -> str:
+    """Block in ``args.how`` for ``args.seconds``."""
+    if args.block_signals:
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    if args.how == "sleep":
+        time.sleep(args.seconds)
+    elif args.how == "select":
+        select.select([], [], [], args.seconds)
+    else:
+        left, right = socket.socketpair()
+        with left, right:
+            left.settimeout(args.seconds)
+            with contextlib.suppress(TimeoutError):
+                left.recv(1)  # nothing is ever sent
+    return f"blocked {args.seconds:g} s in {args.how}"

@@ -1,7 +1,9 @@
 """Entry point of the tool workers: ``celery -A services.tools.worker:app worker --pool prefork``.
 
-Prefork, because only that pool enforces the per-call time limits. The main process
-announces this worker's tools when it is ready and withdraws them when it stops.
+Prefork, because only that pool enforces the per-call time limits. The tools (built-in,
+the deployment's, MCP servers') are found once, here at import in the main process, so the
+pool's children inherit them. The main process announces the tools of the queues it
+consumes when it is ready and withdraws them when it stops.
 """
 
 from __future__ import annotations
@@ -11,15 +13,25 @@ from typing import Any
 import redis
 from celery.signals import worker_ready, worker_shutdown
 
-from services.tools.catalogue import CatalogueRefresher, load_tools
+from services.tools.catalogue import CatalogueRefresher, served, worker_tools
+from services.tools.sandbox import protect_worker
 from shared.celery_app import make_celery
 from shared.redis_keys import RedisKeys
 from shared.settings import ToolsSettings, load
 
+protect_worker()  # before any secret is read: sandboxed code must not read our environ
 settings = load(ToolsSettings)
 app = make_celery("signalbox-tools", settings, include=["services.tools.tasks"])
+registry = worker_tools(settings)
 
 _refresher: CatalogueRefresher | None = None
+
+
+def _consumed_queues(consumer: Any) -> list[str] | None:
+    try:
+        return list(consumer.app.amqp.queues.consume_from)
+    except AttributeError:  # not a Celery consumer (e.g. a test's sender): announce all
+        return None
 
 
 @worker_ready.connect
@@ -29,7 +41,7 @@ def _announce(sender: Any, **_: Any) -> None:
         client=redis.Redis.from_url(settings.redis_url),
         keys=RedisKeys(settings.redis_prefix),
         worker_id=str(sender.hostname),
-        specs=load_tools().specs(),
+        specs=served(registry.specs(), _consumed_queues(sender)),
         refresh_s=settings.catalogue_refresh_s,
     )
     _refresher.start()

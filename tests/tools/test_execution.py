@@ -92,6 +92,7 @@ def test_specs_come_from_the_decorator_and_the_input_model() -> None:
     specs = {s.name: s for s in load_tools({}).specs()}
     assert set(specs) == {
         "list_dir", "read_file", "search_files", "write_file", "edit_file", "delete_file",
+        "run_python",
     }  # fmt: skip
     read = specs["read_file"]
     assert read.input_schema["required"] == ["path"]

@@ -1,0 +1,165 @@
+"""run_python: hostile programs end in a clear error, leave no process behind, the next run works.
+
+Each attack runs through ``execute`` (what the model reads) or ``run_sandboxed`` (to learn the
+run's process group and uid), then /proc is scanned, independently of the sandbox's own
+bookkeeping, for any live process of that group or uid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+
+from services.tools import sandbox
+from services.tools.execution import execute
+from services.tools.sandbox import Limits, isolation, run_sandboxed
+from shared.tool_contract import ToolResult
+from tests.tools.conftest import ToolEnv
+
+LIMITS = Limits(
+    cpu_s=1,
+    memory_bytes=256 * 1024 * 1024,
+    file_bytes=4 * 1024 * 1024,
+    open_files=32,
+    processes=16,
+    output_bytes=4096,
+    wall_s=3.0,
+)
+TIGHT = {  # the same limits as settings, for runs through execute
+    "sandbox_cpu_s": 1,
+    "sandbox_memory_mb": 256,
+    "sandbox_file_mb": 4,
+    "sandbox_open_files": 32,
+    "sandbox_processes": 16,
+    "sandbox_output_bytes": 4096,
+}
+
+
+def _live(pgid: int, uid: int | None) -> list[int]:
+    """Non-zombie processes in group ``pgid`` or owned by ``uid``, read straight from /proc."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+            status = Path(f"/proc/{name}/status").read_text()
+        except OSError:
+            continue
+        state, _ppid, group = stat[stat.rfind(")") + 2 :].split()[:3]
+        real_uid = int(next(ln for ln in status.splitlines() if ln.startswith("Uid:")).split()[1])
+        if state not in "ZX" and (int(group) == pgid or real_uid == uid):
+            found.append(int(name))
+    return found
+
+
+def _run_tool(env: ToolEnv, code: str, timeout_s: float = 4.0) -> ToolResult:
+    request = env.request("run_python", code=code)
+    context = dataclasses.replace(env.context(request.call_id, **TIGHT), timeout_s=timeout_s)
+    return execute(request, context, env.registry)
+
+
+def _assert_next_run_works(env: ToolEnv) -> None:
+    result = _run_tool(env, "print(6 * 7)")
+    assert (result.status, result.output) == ("ok", "42\n"), result.error
+
+
+def test_a_plain_program_runs_in_a_scratch_directory_that_is_removed(tool_env: ToolEnv) -> None:
+    code = "import os\nopen('out.txt', 'w').write('x')\nprint(os.getcwd())\n"
+    result = _run_tool(tool_env, code)
+    assert result.status == "ok", result.error
+    scratch = Path(result.output.strip())
+    assert scratch.name.startswith("signalbox-sandbox-") and not scratch.exists()
+
+
+@pytest.mark.parametrize(
+    ("attack", "code", "expected"),
+    [
+        ("fork bomb", "import os\nwhile True:\n    os.fork()\n", "processes are limited to 16"),
+        ("memory bomb", "x = bytearray(1 << 30)\n", "memory is limited to 256 MB"),
+        ("busy loop", "while True:\n    pass\n", "CPU time limit of 1 s"),
+        ("large file", "open('big', 'wb').write(b'x' * (8 << 20))\n", "limited to 4 MB"),
+        (
+            "open files",
+            "fs = [open(f'f{i}', 'w') for i in range(100)]\n",
+            "open files are limited to 32",
+        ),
+    ],
+)
+def test_each_attack_ends_in_a_clear_error_and_leaves_nothing(
+    tool_env: ToolEnv, attack: str, code: str, expected: str
+) -> None:
+    result = _run_tool(tool_env, code)
+    assert result.status == "error", f"{attack}: {result}"
+    assert "run_python failed" in (result.error or "") and expected in (result.error or "")
+    outcome = run_sandboxed(code, LIMITS)  # again, to learn its group and uid
+    assert _live(outcome.pgid, outcome.uid) == [], attack
+    _assert_next_run_works(tool_env)
+
+
+def test_a_process_that_leaves_the_group_is_killed_with_the_run(tool_env: ToolEnv) -> None:
+    if not isolation().own_uid:
+        pytest.skip("not root: a process that calls setsid() escapes the group kill here")
+    code = (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\ntime.sleep(60)\n"
+    )
+    outcome = run_sandboxed(code, dataclasses.replace(LIMITS, wall_s=1.0))
+    assert outcome.timed_out
+    assert _live(outcome.pgid, outcome.uid) == []
+
+
+def test_output_is_captured_and_capped(tool_env: ToolEnv) -> None:
+    result = _run_tool(tool_env, "import sys\nprint('y' * 100000)\nsys.stderr.write('warn')\n")
+    assert result.status == "ok"
+    assert "[output truncated: 100001 bytes, shown the first 4096]" in result.output
+    assert result.output.endswith("[stderr]\nwarn")
+
+
+def test_the_wall_clock_limit_kills_a_sleeping_program(tool_env: ToolEnv) -> None:
+    result = _run_tool(tool_env, "import time\ntime.sleep(60)\n", timeout_s=2.0)
+    assert result.status == "error" and "wall-clock limit of 1 s" in (result.error or "")
+    assert result.duration_ms < 3000
+
+
+def test_the_program_has_no_network(tool_env: ToolEnv, redis_url: str) -> None:
+    if not isolation().network:
+        pytest.skip("no network namespace on this host: the sandbox's network is NOT blocked")
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+    result = _run_tool(tool_env, code)
+    assert result.status == "error" and "the sandbox has no network" in (result.error or "")
+    _assert_next_run_works(tool_env)
+
+
+def test_the_program_cannot_read_the_workers_secrets(
+    tool_env: ToolEnv, internal_token: str
+) -> None:
+    assert os.environ["SIGNALBOX_INTERNAL_TOKEN"] == internal_token  # the worker has it
+    code = (
+        "import os\n"
+        "print(sorted(os.environ))\n"
+        "print(dict(os.environ))\n"
+        "try:\n"
+        "    print(open(f'/proc/{os.getppid()}/environ').read())\n"
+        "except OSError as exc:\n"
+        "    print('refused', exc.errno)\n"
+    )
+    result = _run_tool(tool_env, code)
+    assert result.status == "ok", result.error
+    assert internal_token not in result.output and "SIGNALBOX" not in result.output
+    assert "PATH" in result.output
+    assert "refused 13" in result.output  # EACCES: another uid's, or a non-dumpable, process
+    _assert_next_run_works(tool_env)
+
+
+def test_run_python_is_declared_for_the_sandbox_queue_with_confirmation() -> None:
+    spec = sandbox.registry.specs()[0]
+    assert (spec.name, spec.queue, spec.mode, spec.side_effect) == (
+        "run_python",
+        "tools.sandbox",
+        "confirm",
+        "execute",
+    )
