@@ -1,0 +1,187 @@
+"""The real model: the Anthropic Messages API, streamed, through the ``anthropic`` SDK.
+
+HTTP-level failures (429, 5xx, 529, connection errors before the stream starts) are retried
+by the SDK itself (``max_retries``, honouring ``retry-after``). A stream that breaks after it
+started (an SSE ``error`` event such as ``overloaded_error``, a dropped connection) is retried
+here, as a whole step, up to ``STEP_RETRIES`` times; the loop is told with ``StepRetry``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import anthropic
+import httpx2
+
+from services.orchestrator.model import (
+    ModelError,
+    ModelEvent,
+    ModelRequest,
+    StepEnd,
+    StepRetry,
+    TextDelta,
+    ToolUse,
+)
+
+log = logging.getLogger(__name__)
+
+SDK_MAX_RETRIES = 4  # HTTP 429/5xx/529 before a stream starts; the SDK backs off between them
+STEP_RETRIES = 2  # a stream that broke mid-way is started again at most this many times
+STEP_RETRY_BACKOFF_S = 1.0  # times the attempt number; an overloaded API needs a moment
+REQUEST_TIMEOUT_S = 600.0  # one streamed step; long answers stream for minutes
+
+
+def unset_if_empty(value: str | None) -> str | None:
+    """``None`` for an unset or empty setting (an empty env var means "not configured")."""
+    return value if value and value.strip() else None
+
+
+class _BrokenStream(Exception):
+    """The stream failed after it started; the step may be retried."""
+
+
+@dataclass
+class _Block:
+    kind: str
+    tool_id: str = ""
+    tool_name: str = ""
+    json_parts: list[str] = field(default_factory=list)
+
+
+class AnthropicModel:
+    """``Model`` on the Messages API (Claude, a proxy, or any compatible server)."""
+
+    def __init__(
+        self,
+        api_key: str,
+        base_url: str | None = None,
+        model: str = "claude-sonnet-4-5",
+        *,
+        max_retries: int = SDK_MAX_RETRIES,
+        step_retries: int = STEP_RETRIES,
+        retry_backoff_s: float = STEP_RETRY_BACKOFF_S,
+        timeout_s: float = REQUEST_TIMEOUT_S,
+    ) -> None:
+        self._model = model
+        self._step_retries = step_retries
+        self._retry_backoff_s = retry_backoff_s
+        self.client = anthropic.Anthropic(
+            api_key=api_key,
+            base_url=unset_if_empty(base_url),
+            max_retries=max_retries,
+            timeout=timeout_s,
+        )
+
+    @property
+    def name(self) -> str:
+        """The configured model name."""
+        return self._model
+
+    def stream(self, request: ModelRequest) -> Iterator[ModelEvent]:
+        """Stream one step, starting it again (``StepRetry``) when the stream breaks."""
+        attempt = 0
+        while True:
+            try:
+                yield from self._one_attempt(request)
+                return
+            except _BrokenStream as exc:
+                attempt += 1
+                if attempt > self._step_retries:
+                    raise ModelError(
+                        f"model stream failed {attempt} times, last: {exc}"
+                    ) from exc.__cause__
+                log.warning("model stream broke (%s); retrying the step, attempt %d", exc, attempt)
+                yield StepRetry(attempt=attempt, error=str(exc))
+                if self._retry_backoff_s > 0:
+                    time.sleep(self._retry_backoff_s * attempt)
+
+    def _open(self, request: ModelRequest) -> Any:
+        kwargs: dict[str, Any] = {
+            "model": request.model or self._model,
+            "max_tokens": request.max_tokens,
+            "messages": request.messages,
+            "stream": True,
+        }
+        if request.system:
+            kwargs["system"] = request.system
+        if request.tools:
+            kwargs["tools"] = [
+                {"name": t.name, "description": t.description, "input_schema": t.input_schema}
+                for t in request.tools
+            ]
+        try:
+            return self.client.messages.create(**kwargs)
+        except anthropic.APIStatusError as exc:
+            raise ModelError(f"model API answered {exc.status_code}: {exc.message}") from exc
+        except anthropic.APIError as exc:
+            raise ModelError(f"model API unreachable: {exc}") from exc
+
+    def _one_attempt(self, request: ModelRequest) -> Iterator[ModelEvent]:
+        stream = self._open(request)
+        blocks: dict[int, _Block] = {}
+        input_tokens = output_tokens = 0
+        stop_reason: str | None = None
+        try:
+            with stream:
+                for event in stream:
+                    kind = event.type
+                    if kind == "message_start":
+                        usage = event.message.usage
+                        input_tokens = usage.input_tokens or 0
+                        output_tokens = usage.output_tokens or 0
+                    elif kind == "content_block_start":
+                        block = event.content_block
+                        if block.type == "tool_use":
+                            blocks[event.index] = _Block("tool_use", block.id, block.name)
+                        else:
+                            blocks[event.index] = _Block(block.type)
+                    elif kind == "content_block_delta":
+                        delta = event.delta
+                        if delta.type == "text_delta":
+                            yield TextDelta(delta.text)
+                        elif delta.type == "input_json_delta" and event.index in blocks:
+                            blocks[event.index].json_parts.append(delta.partial_json)
+                    elif kind == "content_block_stop":
+                        done = blocks.get(event.index)
+                        if done is not None and done.kind == "tool_use":
+                            yield ToolUse(done.tool_id, done.tool_name, _tool_input(done))
+                    elif kind == "message_delta":
+                        stop_reason = event.delta.stop_reason or stop_reason
+                        if event.usage.input_tokens is not None:
+                            input_tokens = event.usage.input_tokens
+                        output_tokens = event.usage.output_tokens
+                    elif kind == "message_stop":
+                        yield StepEnd(stop_reason, input_tokens, output_tokens)
+                        return
+        except anthropic.APIError as exc:
+            raise _BrokenStream(_describe(exc)) from exc
+        except httpx2.HTTPError as exc:
+            raise _BrokenStream(f"connection broke mid-stream: {exc!r}") from exc
+        raise _BrokenStream("stream ended without message_stop")
+
+
+def _tool_input(block: _Block) -> dict[str, Any]:
+    raw = "".join(block.json_parts)
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"tool_use {block.tool_name!r} has invalid JSON input: {raw!r}") from exc
+    if not isinstance(value, dict):
+        raise ModelError(f"tool_use {block.tool_name!r} input is not an object, got {value!r}")
+    return cast(dict[str, Any], value)
+
+
+def _describe(exc: anthropic.APIError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict):
+            return f"{err.get('type', 'error')}: {err.get('message', '')}"
+    return str(exc.message)

@@ -1,0 +1,99 @@
+"""One runner per turn: a Redis lease with a token, kept alive by a heartbeat thread.
+
+A second delivery of the same turn (a redelivered Celery message, a duplicate enqueue)
+finds the lease held and returns at once. If the runner dies the lease expires after
+``lease_s`` and the next delivery resumes the turn. A runner whose lease was taken over
+(it stalled longer than ``lease_s``) notices through ``lost`` and stops writing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from types import TracebackType
+
+import redis
+
+log = logging.getLogger(__name__)
+
+# Extend or delete the lease only while it is still ours.
+_REFRESH = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+return 0
+"""
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('del', KEYS[1])
+end
+return 0
+"""
+
+
+class LeaseLost(Exception):
+    """Another runner holds the turn now; this one must stop without writing."""
+
+
+class TurnLease:
+    """``SET key token NX PX`` plus a heartbeat; use ``acquire()`` then ``with lease:``."""
+
+    def __init__(self, client: redis.Redis, key: str, lease_s: float) -> None:
+        self.client = client
+        self.key = key
+        self.lease_ms = max(1, int(lease_s * 1000))
+        self.token = uuid.uuid4().hex
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def acquire(self) -> bool:
+        """Take the lease if nobody holds it."""
+        return bool(self.client.set(self.key, self.token, nx=True, px=self.lease_ms))
+
+    def refresh(self) -> bool:
+        """Extend the lease; False (and ``lost`` set) if it is no longer ours."""
+        try:
+            ok = bool(self.client.eval(_REFRESH, 1, self.key, self.token, str(self.lease_ms)))
+        except redis.RedisError:
+            log.warning("could not refresh lease %s; will retry", self.key, exc_info=True)
+            return True  # a blip; the lease may still hold until it expires
+        if not ok:
+            self.lost.set()
+        return ok
+
+    def check(self) -> None:
+        """Raise ``LeaseLost`` if the lease was taken over."""
+        if self.lost.is_set():
+            raise LeaseLost(self.key)
+
+    def release(self) -> None:
+        """Give the lease up (only if still ours)."""
+        try:
+            self.client.eval(_RELEASE, 1, self.key, self.token)
+        except redis.RedisError:
+            log.warning("could not release lease %s; it will expire", self.key, exc_info=True)
+
+    def _beat(self) -> None:
+        interval = self.lease_ms / 3000
+        while not self._stop.wait(interval):
+            if not self.refresh():
+                log.error("lease %s was taken over; this runner stops", self.key)
+                return
+
+    def __enter__(self) -> TurnLease:
+        self._thread = threading.Thread(target=self._beat, name=f"lease {self.key}", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.release()

@@ -1,0 +1,521 @@
+"""The turn's state in SQL: every transition the loop makes, one short transaction each.
+
+SQL is the source of truth, so a runner that dies loses nothing committed, and the next
+runner resumes from here. Transitions of a tool call are conditional updates (``WHERE
+status IN open``) so that a call ends exactly once, even if two runners ever overlapped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, func, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.orchestrator.model import ToolUse
+from services.orchestrator.transcript import OPEN_CALL_STATUSES
+from shared.db.models import Conversation, Message, ToolCall, Turn
+from shared.ids import new_id
+
+FINISHED_TURN_STATUSES = frozenset({"completed", "cancelled", "failed", "step_limit"})
+
+# Executors of a call: a tool worker, the client that declared the tool, or the orchestrator
+# itself (ask_user, spawn_agent).
+SERVER, CLIENT, INLINE = "server", "client", "inline"
+
+Sessions = sessionmaker[Session]
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware."""
+    return datetime.now(UTC)
+
+
+def as_utc(value: datetime) -> datetime:
+    """``value`` as an aware UTC time (SQLite hands back naive ones)."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+@dataclass(frozen=True)
+class TurnInfo:
+    """What the loop needs to know of a turn and its conversation, loaded once."""
+
+    turn_id: str
+    conversation_id: str
+    user_id: str
+    workspace: str
+    seq: int
+    status: str
+    text: str = ""
+    client_tools: tuple[dict[str, Any], ...] = ()
+    parent_call_id: str | None = None  # set on a spawn_agent child turn
+
+
+@dataclass(frozen=True)
+class PlannedCall:
+    """A tool_use of a step, with what the catalogue and the policy say about it."""
+
+    use: ToolUse
+    timeout_s: float
+    status: str  # pending | needs_decision | error | denied
+    error: str | None = None
+    executor: str = SERVER
+    decision_ttl_s: float = 600.0  # for needs_decision: when nobody decided, it expires
+
+
+def load_turn(sessions: Sessions, turn_id: str) -> TurnInfo | None:
+    """The turn and its conversation, or None if there is no such turn."""
+    with sessions() as s:
+        row = s.execute(
+            select(Turn, Conversation)
+            .join(Conversation, Conversation.id == Turn.conversation_id)
+            .where(Turn.id == turn_id)
+        ).first()
+        if row is None:
+            return None
+        turn, conv = row
+        return TurnInfo(
+            turn.id,
+            conv.id,
+            conv.user_id,
+            conv.workspace,
+            turn.seq,
+            turn.status,
+            turn.text,
+            tuple(t for t in turn.client_tools or () if isinstance(t, dict)),
+            turn.parent_call_id,
+        )
+
+
+def get_turn(sessions: Sessions, turn_id: str) -> Turn:
+    """The turn row as committed now."""
+    with sessions() as s:
+        turn = s.get(Turn, turn_id)
+        if turn is None:
+            raise LookupError(f"no turn {turn_id!r}")
+        return turn
+
+
+def earlier_turn_unfinished(sessions: Sessions, info: TurnInfo) -> bool:
+    """True while a turn before this one in the conversation has not finished."""
+    with sessions() as s:
+        found = s.scalar(
+            select(func.count())
+            .select_from(Turn)
+            .where(
+                Turn.conversation_id == info.conversation_id,
+                Turn.seq < info.seq,
+                Turn.status.not_in(FINISHED_TURN_STATUSES),
+                Turn.parent_call_id.is_(None),  # a child turn belongs to its parent's run
+            )
+        )
+        return bool(found)
+
+
+def next_queued_turn(sessions: Sessions, conversation_id: str) -> str | None:
+    """The first queued turn of the conversation, if any."""
+    with sessions() as s:
+        return s.scalar(
+            select(Turn.id)
+            .where(
+                Turn.conversation_id == conversation_id,
+                Turn.status == "queued",
+                Turn.parent_call_id.is_(None),
+            )
+            .order_by(Turn.seq)
+            .limit(1)
+        )
+
+
+def _next_seq(s: Session, conversation_id: str) -> int:
+    last = s.scalar(select(func.max(Message.seq)).where(Message.conversation_id == conversation_id))
+    return (last or 0) + 1
+
+
+def start_turn(sessions: Sessions, info: TurnInfo, model: str) -> bool:
+    """queued → running, and the user's text enters the transcript; False if not queued."""
+    with sessions() as s, s.begin():
+        turn = s.get(Turn, info.turn_id)
+        if turn is None or turn.status != "queued":
+            return False
+        turn.status = "running"
+        turn.started_at = utcnow()
+        turn.model = model
+        s.add(
+            Message(
+                id=new_id("msg"),
+                conversation_id=info.conversation_id,
+                turn_id=info.turn_id,
+                seq=_next_seq(s, info.conversation_id),
+                step=0,
+                role="user",
+                content=[{"type": "text", "text": turn.text}],
+            )
+        )
+        return True
+
+
+def set_turn_status(sessions: Sessions, turn_id: str, status: str, *, only_from: str) -> bool:
+    """Move a turn between live states (running ⇄ parked); False if it was not ``only_from``."""
+    with sessions() as s, s.begin():
+        result = cast(
+            CursorResult[Any],
+            s.execute(
+                update(Turn)
+                .where(Turn.id == turn_id, Turn.status == only_from)
+                .values(status=status)
+            ),
+        )
+        return result.rowcount == 1
+
+
+def last_assistant_message(
+    sessions: Sessions, turn_id: str
+) -> tuple[Message | None, list[ToolCall]]:
+    """The turn's latest assistant message with its calls, or ``(None, [])``."""
+    with sessions() as s:
+        msg = s.scalar(
+            select(Message)
+            .where(Message.turn_id == turn_id, Message.role == "assistant")
+            .order_by(Message.seq.desc())
+            .limit(1)
+        )
+        if msg is None:
+            return None, []
+        calls = list(
+            s.scalars(
+                select(ToolCall).where(ToolCall.message_id == msg.id).order_by(ToolCall.position)
+            )
+        )
+        return msg, calls
+
+
+def store_step(
+    sessions: Sessions,
+    info: TurnInfo,
+    text: str,
+    planned: Sequence[PlannedCall],
+    input_tokens: int,
+    output_tokens: int,
+) -> tuple[Message, list[ToolCall]]:
+    """One model step: its assistant message, its calls and its usage, in one transaction."""
+    now = utcnow()
+    content: list[Any] = [{"type": "text", "text": text}] if text else []
+    content += [
+        {"type": "tool_use", "id": p.use.id, "name": p.use.name, "input": p.use.input}
+        for p in planned
+    ]
+    with sessions() as s, s.begin():
+        turn = s.get(Turn, info.turn_id)
+        if turn is None:
+            raise LookupError(f"no turn {info.turn_id!r}")
+        turn.step += 1
+        turn.input_tokens += input_tokens
+        turn.output_tokens += output_tokens
+        msg = Message(
+            id=new_id("msg"),
+            conversation_id=info.conversation_id,
+            turn_id=info.turn_id,
+            seq=_next_seq(s, info.conversation_id),
+            step=turn.step,
+            role="assistant",
+            content=content,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+        )
+        s.add(msg)
+        s.flush()  # the message row must exist before calls refer to it
+        calls = []
+        for position, p in enumerate(planned):
+            final = p.status not in OPEN_CALL_STATUSES
+            call = ToolCall(
+                id=new_id("call"),
+                turn_id=info.turn_id,
+                message_id=msg.id,
+                position=position,
+                tool_use_id=p.use.id,
+                tool=p.use.name,
+                input=p.use.input,
+                status=p.status,
+                executor=p.executor,
+                timeout_s=p.timeout_s,
+                error=p.error,
+                output="",
+                expires_at=now + timedelta(seconds=p.decision_ttl_s)
+                if p.status == "needs_decision"
+                else None,
+                finished_at=now if final else None,
+                duration_ms=0 if final else None,
+            )
+            s.add(call)
+            calls.append(call)
+        return msg, calls
+
+
+def mark_running(sessions: Sessions, call_ids: Sequence[str]) -> list[ToolCall]:
+    """pending → running (with ``started_at``) for the given calls; returns those moved."""
+    moved: list[ToolCall] = []
+    with sessions() as s, s.begin():
+        for call in s.scalars(
+            select(ToolCall).where(ToolCall.id.in_(call_ids), ToolCall.status == "pending")
+        ):
+            call.status = "running"
+            call.started_at = utcnow()
+            call.attempts += 1
+            moved.append(call)
+    return sorted(moved, key=lambda c: c.position)
+
+
+def apply_decision(sessions: Sessions, call_id: str) -> ToolCall | None:
+    """A decided needs_decision call: allow → pending, deny → denied. None if undecided."""
+    with sessions() as s, s.begin():
+        call = s.get(ToolCall, call_id)
+        if call is None or call.status != "needs_decision" or call.decision is None:
+            return None
+        if call.decision == "allow":
+            call.status = "pending"
+        else:
+            call.status = "denied"
+            call.error = call.error or f"the user decided {call.decision!r}"
+            call.finished_at = utcnow()
+            call.duration_ms = 0
+        return call
+
+
+def record_result(
+    sessions: Sessions,
+    call_id: str,
+    status: str,
+    output: str,
+    error: str | None,
+    duration_ms: int | None = None,
+) -> ToolCall | None:
+    """A call's one result; None if the call had already ended (a late or duplicate result)."""
+    now = utcnow()
+    with sessions() as s, s.begin():
+        call = s.get(ToolCall, call_id)
+        if call is None:
+            return None
+        if duration_ms is None:
+            started = as_utc(call.started_at) if call.started_at else now
+            duration_ms = max(0, int((now - started).total_seconds() * 1000))
+        result = cast(
+            CursorResult[Any],
+            s.execute(
+                update(ToolCall)
+                .where(ToolCall.id == call_id, ToolCall.status.in_(OPEN_CALL_STATUSES))
+                .values(
+                    status=status,
+                    output=output,
+                    error=error,
+                    duration_ms=duration_ms,
+                    finished_at=now,
+                )
+            ),
+        )
+        if result.rowcount != 1:
+            return None
+        s.refresh(call)
+        return call
+
+
+def open_calls(sessions: Sessions, turn_id: str) -> list[ToolCall]:
+    """Calls of the turn that have not ended."""
+    with sessions() as s:
+        return list(
+            s.scalars(
+                select(ToolCall)
+                .where(ToolCall.turn_id == turn_id, ToolCall.status.in_(OPEN_CALL_STATUSES))
+                .order_by(ToolCall.message_id, ToolCall.position)
+            )
+        )
+
+
+def cancel_requested(sessions: Sessions, turn_id: str) -> bool:
+    """The turn's committed cancel flag."""
+    with sessions() as s:
+        return bool(s.scalar(select(Turn.cancel_requested).where(Turn.id == turn_id)))
+
+
+def finish_turn(sessions: Sessions, turn_id: str, status: str, error: str | None) -> Turn | None:
+    """Mark the turn finished; None if it already was (someone else finished it).
+
+    Child turns of its spawn_agent calls that did not end (their runner died) end with it.
+    """
+    with sessions() as s, s.begin():
+        turn = s.get(Turn, turn_id)
+        if turn is None or turn.status in FINISHED_TURN_STATUSES:
+            return None
+        turn.status = status
+        turn.error = error
+        turn.finished_at = utcnow()
+        s.execute(
+            update(Turn)
+            .where(
+                Turn.parent_call_id.in_(select(ToolCall.id).where(ToolCall.turn_id == turn_id)),
+                Turn.status.not_in(FINISHED_TURN_STATUSES),
+            )
+            .values(status="cancelled", error=f"its parent turn ended ({status})")
+        )
+        return turn
+
+
+# -- calls that wait for a human or a client -----------------------------------------------
+
+
+def _expired(call: ToolCall, now: datetime) -> bool:
+    return call.expires_at is not None and as_utc(call.expires_at) <= now
+
+
+def unresolved(call: ToolCall, now: datetime) -> bool:
+    """True while ``call`` waits on someone else and may still get an answer."""
+    if call.status == "needs_decision":
+        return call.decision is None and not _expired(call, now)
+    return call.status == "waiting" and not _expired(call, now)
+
+
+def ready_to_continue(sessions: Sessions, turn_id: str) -> bool:
+    """A parked turn that has something to do: a cancel, a decision, an answer, an expiry."""
+    now = utcnow()
+    with sessions() as s:
+        turn = s.get(Turn, turn_id)
+        if turn is None or turn.status != "parked":
+            return False
+        if turn.cancel_requested:
+            return True
+        calls = s.scalars(
+            select(ToolCall).where(
+                ToolCall.turn_id == turn_id, ToolCall.status.in_(OPEN_CALL_STATUSES)
+            )
+        ).all()
+        return not any(unresolved(c, now) for c in calls)
+
+
+def parked_turns(sessions: Sessions) -> list[tuple[str, str]]:
+    """(turn id, conversation id) of every parked turn."""
+    with sessions() as s:
+        rows = s.execute(select(Turn.id, Turn.conversation_id).where(Turn.status == "parked"))
+        return [(turn_id, conversation_id) for turn_id, conversation_id in rows]
+
+
+def expire_decision(sessions: Sessions, call_id: str) -> ToolCall | None:
+    """needs_decision past ``expires_at`` with no decision → denied (decision ``expired``)."""
+    now = utcnow()
+    with sessions() as s, s.begin():
+        call = s.get(ToolCall, call_id)
+        if call is None or call.expires_at is None or not _expired(call, now):
+            return None
+        deadline = as_utc(call.expires_at).isoformat(timespec="seconds").replace("+00:00", "Z")
+        result = cast(
+            CursorResult[Any],
+            s.execute(
+                update(ToolCall)
+                .where(
+                    ToolCall.id == call_id,
+                    ToolCall.status == "needs_decision",
+                    ToolCall.decision.is_(None),  # the same condition a human decision races on
+                )
+                .values(
+                    status="denied",
+                    decision="expired",
+                    error=f"expired: nobody decided before {deadline}",
+                    finished_at=now,
+                    duration_ms=0,
+                )
+            ),
+        )
+        if result.rowcount != 1:
+            return None
+        s.refresh(call)
+        return call
+
+
+def start_waiting(
+    sessions: Sessions, call_id: str, wait_s: float, token_hash: str | None = None
+) -> ToolCall | None:
+    """pending → waiting (on a human or a client) until ``wait_s`` from now."""
+    now = utcnow()
+    with sessions() as s, s.begin():
+        call = s.get(ToolCall, call_id)
+        if call is None or call.status != "pending":
+            return None
+        call.status = "waiting"
+        call.started_at = now
+        call.expires_at = now + timedelta(seconds=wait_s)
+        call.token_hash = token_hash
+        call.attempts += 1
+        return call
+
+
+def expire_waiting(sessions: Sessions, call_id: str, error: str) -> ToolCall | None:
+    """waiting past ``expires_at`` → timeout (its token, if any, no longer works)."""
+    now = utcnow()
+    with sessions() as s, s.begin():
+        call = s.get(ToolCall, call_id)
+        if call is None or not _expired(call, now):
+            return None
+        started = as_utc(call.started_at) if call.started_at else now
+        result = cast(
+            CursorResult[Any],
+            s.execute(
+                update(ToolCall)
+                .where(
+                    ToolCall.id == call_id,
+                    ToolCall.status == "waiting",
+                )
+                .values(
+                    status="timeout",
+                    error=error,
+                    token_hash=None,
+                    finished_at=now,
+                    duration_ms=max(0, int((now - started).total_seconds() * 1000)),
+                )
+            ),
+        )
+        if result.rowcount != 1:
+            return None
+        s.refresh(call)
+        return call
+
+
+# -- spawn_agent child turns ---------------------------------------------------------------
+
+
+def child_turn(sessions: Sessions, parent: TurnInfo, call_id: str, task: str) -> str:
+    """The child turn of a spawn_agent call, created on first use (a resumed parent finds it)."""
+    with sessions() as s, s.begin():
+        found = s.scalar(select(Turn.id).where(Turn.parent_call_id == call_id))
+        if found is not None:
+            return found
+        turn = Turn(
+            id=new_id("turn"),
+            conversation_id=parent.conversation_id,
+            user_id=parent.user_id,
+            seq=parent.seq,
+            text=task,
+            parent_call_id=call_id,
+            status="queued",
+        )
+        s.add(turn)
+        return turn.id
+
+
+def final_text(sessions: Sessions, turn_id: str) -> str:
+    """The text of the turn's last assistant message that has any."""
+    with sessions() as s:
+        for content in s.scalars(
+            select(Message.content)
+            .where(Message.turn_id == turn_id, Message.role == "assistant")
+            .order_by(Message.seq.desc())
+        ):
+            text = "".join(
+                str(b.get("text", ""))
+                for b in content
+                if isinstance(b, dict) and b.get("type") == "text"
+            )
+            if text:
+                return text
+        return ""

@@ -1,0 +1,115 @@
+"""The orchestrator's one task: ``orchestrator.run_turn(turn_id)``. It only builds the
+dependencies (once per process) and calls the loop; the logic is in ``loop.py``."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from functools import cache
+from typing import Any
+
+import redis
+from celery.signals import worker_ready, worker_shutdown
+
+from services.orchestrator.anthropic_model import AnthropicModel, unset_if_empty
+from services.orchestrator.demo_model import DemoModel
+from services.orchestrator.dispatch import CeleryDispatcher
+from services.orchestrator.loop import Runtime
+from services.orchestrator.loop import run_turn as run_turn_loop
+from services.orchestrator.model import Model
+from services.orchestrator.recovery import Reconciler
+from services.orchestrator.worker import app, policy, settings
+from shared.celery_app import RUN_TURN_TASK
+from shared.db import make_engine, make_session_factory
+from shared.redis_keys import RedisKeys
+from shared.settings import OrchestratorSettings
+
+log = logging.getLogger(__name__)
+_build_lock = threading.Lock()  # the threads pool may start several turns at once
+
+
+def make_model(settings: OrchestratorSettings) -> Model:
+    """The real model when an API key is set, else the clearly labelled offline demo."""
+    api_key = unset_if_empty(settings.anthropic_api_key)
+    if api_key is None:
+        log.warning("ANTHROPIC_API_KEY is not set: using the offline demo model")
+        return DemoModel()
+    return AnthropicModel(api_key, settings.anthropic_base_url, settings.model)
+
+
+@cache
+def _runtime() -> Runtime:
+    return Runtime(
+        settings=settings,
+        sessions=make_session_factory(make_engine(settings.database_url)),
+        redis=redis.Redis.from_url(settings.redis_url),
+        keys=RedisKeys(settings.redis_prefix),
+        model=make_model(settings),
+        dispatcher=CeleryDispatcher(app),
+        enqueue_turn=lambda turn_id: app.send_task(RUN_TURN_TASK, args=[turn_id]),
+        policy=policy,
+    )
+
+
+def runtime() -> Runtime:
+    """This process's dependencies, built on first use."""
+    with _build_lock:
+        return _runtime()
+
+
+_reconciler: Reconciler | None = None
+
+
+@worker_ready.connect
+def _start_reconciler(**_: Any) -> None:
+    global _reconciler
+    rt = runtime()
+    # Sweeping once per lease period: an orphan's lease has expired by then at the latest.
+    _reconciler = Reconciler(rt.sessions, rt.redis, rt.keys, rt.enqueue_turn, settings.lease_s)
+    _reconciler.start()
+
+
+@worker_shutdown.connect
+def _stop_reconciler(**_: Any) -> None:
+    if _reconciler is not None:
+        _reconciler.stop()
+
+
+@app.task(name=RUN_TURN_TASK, bind=True)
+def run_turn(self: Any, turn_id: str) -> str:
+    """Run, resume or continue one turn; returns its outcome (see ``loop.run_turn``)."""
+    rt = runtime()
+    try:
+        return run_turn_loop(rt, turn_id)
+    except Exception:
+        # The loop records failures itself; this is the net under it (e.g. SQL was down).
+        log.exception("run_turn(%s) escaped the loop", turn_id)
+        _record_failure(rt, turn_id)
+        return "failed"
+
+
+def _record_failure(rt: Runtime, turn_id: str) -> None:
+    from services.orchestrator import store
+
+    try:
+        info = store.load_turn(rt.sessions, turn_id)
+        turn = store.finish_turn(
+            rt.sessions, turn_id, "failed", "internal error in the orchestrator"
+        )
+        if info is not None and turn is not None:
+            rt.events.append(
+                info.conversation_id,
+                "turn_finished",
+                {
+                    "status": "failed",
+                    "steps": turn.step,
+                    "usage": {
+                        "input_tokens": turn.input_tokens,
+                        "output_tokens": turn.output_tokens,
+                    },
+                    "error": turn.error,
+                },
+                turn_id,
+            )
+    except Exception:
+        log.exception("could not record turn %s as failed", turn_id)

@@ -1,0 +1,159 @@
+"""The model's view of a conversation, built from SQL: stored messages plus tool results.
+
+Tool results are not stored as messages; each comes from its ``ToolCall`` row, right after
+the assistant message that asked for it, in ``position`` order. So every ``tool_use`` the
+model sees has exactly one ``tool_result`` whatever happened to the call (timeouts,
+denials, cancels and crashes have synthetic results), and a call that has not finished
+never reaches the model: its ``tool_use`` block is left out until it has a result.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from sqlalchemy import and_, select
+from sqlalchemy.orm import Session
+
+from shared.db.models import Message, ToolCall, Turn
+
+FINAL_CALL_STATUSES = frozenset({"ok", "error", "timeout", "denied", "cancelled", "lost"})
+# ``waiting``: on a human (ask_user) or on the client that runs the tool, the turn parked.
+OPEN_CALL_STATUSES = frozenset({"pending", "needs_decision", "running", "waiting"})
+
+
+class MessageRow(Protocol):
+    """What the builder reads of a stored message (``shared.db.Message`` has it)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def role(self) -> str: ...
+    @property
+    def content(self) -> list[Any]: ...
+
+
+class CallRow(Protocol):
+    """What the builder reads of a tool call (``shared.db.ToolCall`` has it)."""
+
+    @property
+    def message_id(self) -> str: ...
+    @property
+    def position(self) -> int: ...
+    @property
+    def tool_use_id(self) -> str: ...
+    @property
+    def tool(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def output(self) -> str | None: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def timeout_s(self) -> float: ...
+
+
+def result_text(call: CallRow) -> str:
+    """What the model is told about a finished call."""
+    output = call.output or ""
+    if call.status == "ok":
+        return output or "(no output)"
+    reason = {
+        "error": f"error: {call.error or 'the tool failed'}",
+        "timeout": f"the tool timed out after {call.timeout_s:g} s"
+        + (f": {call.error}" if call.error else ""),
+        "denied": "the call was denied" + (f": {call.error}" if call.error else ""),
+        "cancelled": "the call was cancelled before it finished",
+        "lost": call.error
+        or "the tool worker vanished without reporting a result; the call may or may not "
+        "have taken effect",
+    }.get(call.status, f"the call ended with status {call.status!r}")
+    return f"{reason}\n{output}" if output and output not in reason else reason
+
+
+def tool_result_block(call: CallRow) -> dict[str, Any]:
+    """The ``tool_result`` block of a finished call."""
+    block: dict[str, Any] = {
+        "type": "tool_result",
+        "tool_use_id": call.tool_use_id,
+        "content": result_text(call),
+    }
+    if call.status != "ok":
+        block["is_error"] = True
+    return block
+
+
+def _push(out: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
+    # The API wants alternating roles; a turn that produced no answer (failed) or a step whose
+    # calls are all unfinished would otherwise leave two messages of one role side by side.
+    if not blocks:
+        return
+    if out and out[-1]["role"] == role:
+        out[-1]["content"].extend(blocks)
+    else:
+        out.append({"role": role, "content": blocks})
+
+
+def build_messages(
+    messages: Iterable[MessageRow], calls: Mapping[str, Sequence[CallRow]]
+) -> list[dict[str, Any]]:
+    """The Messages-API ``messages`` of a conversation: ``messages`` in order, ``calls`` by
+    message id."""
+    out: list[dict[str, Any]] = []
+    for msg in messages:
+        blocks = [dict(b) for b in msg.content if isinstance(b, dict)]
+        if msg.role != "assistant":
+            _push(out, msg.role, [b for b in blocks if b.get("type") != "text" or b.get("text")])
+            continue
+        finished = {
+            c.tool_use_id: c
+            for c in sorted(calls.get(msg.id, ()), key=lambda c: c.position)
+            if c.status in FINAL_CALL_STATUSES
+        }
+        kept: list[dict[str, Any]] = []
+        answered: list[CallRow] = []
+        for block in blocks:
+            if block.get("type") == "tool_use":
+                call = finished.pop(str(block.get("id")), None)
+                if call is None:
+                    continue  # unfinished (or unknown) call: not shown until it has a result
+                kept.append(block)
+                answered.append(call)
+            elif block.get("type") != "text" or block.get("text"):
+                kept.append(block)
+        _push(out, "assistant", kept)
+        _push(
+            out, "user", [tool_result_block(c) for c in sorted(answered, key=lambda c: c.position)]
+        )
+    return out
+
+
+def load_messages(
+    session: Session, conversation_id: str, child_turn_id: str | None = None
+) -> list[dict[str, Any]]:
+    """The transcript of a conversation as the model should see it now.
+
+    A spawn_agent child turn sees only its own messages (``child_turn_id``); the
+    conversation sees none of its children's, only the parent call's result.
+    """
+    if child_turn_id is not None:
+        scope = Message.turn_id == child_turn_id
+    else:
+        scope = and_(
+            Message.conversation_id == conversation_id,
+            Message.turn_id.in_(
+                select(Turn.id).where(
+                    Turn.conversation_id == conversation_id, Turn.parent_call_id.is_(None)
+                )
+            ),
+        )
+    rows = session.scalars(select(Message).where(scope).order_by(Message.seq)).all()
+    call_rows = session.scalars(
+        select(ToolCall).join(Message, Message.id == ToolCall.message_id).where(scope)
+    ).all()
+    by_message: dict[str, list[ToolCall]] = defaultdict(list)
+    for call in call_rows:
+        by_message[call.message_id].append(call)
+    return build_messages(rows, by_message)

@@ -1,0 +1,388 @@
+"""A local fake of the Anthropic Messages API, speaking the real streaming (SSE) format.
+
+Real HTTP on a free port, served from a background thread, so the real ``anthropic`` SDK
+talks to it unchanged (``base_url=server.url``). Each test scripts the responses::
+
+    server.script([
+        [text("Let me look."), tool_use("read_file", {"path": "a.txt"})],
+        [text("done")],
+        http_error(429, retry_after=0),
+        [text("partial"), stream_error("overloaded_error")],
+    ])
+
+One entry is consumed per POST /v1/messages. Every request is recorded (``server.requests``)
+and checked like the real API checks it: a transcript where a ``tool_use`` is not answered
+by exactly one ``tool_result`` in the next user message gets HTTP 400, and the problem is
+kept in ``server.violations``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+# --- the script -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Text:
+    """A text block streamed as ``chunks`` text deltas."""
+
+    text: str
+    chunks: int = 3
+
+
+@dataclass(frozen=True)
+class ToolUseBlock:
+    """A tool_use block whose JSON input is streamed split at ``splits`` positions."""
+
+    name: str
+    input: dict[str, Any]
+    id: str
+    splits: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class StreamError:
+    """An SSE ``error`` event at this point of the stream; the stream then ends."""
+
+    type: str = "overloaded_error"
+    message: str = "Overloaded"
+
+
+@dataclass(frozen=True)
+class HttpError:
+    """The whole response is an HTTP error (the SDK retries 429/5xx/529 itself)."""
+
+    status: int
+    type: str = "rate_limit_error"
+    message: str = "scripted error"
+    retry_after: float | None = None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One streamed response: its blocks, stop reason and usage."""
+
+    items: tuple[Text | ToolUseBlock | StreamError, ...]
+    stop_reason: str | None = None
+    input_tokens: int = 11
+    output_tokens: int = 7
+
+
+Scripted = Reply | HttpError | Sequence[Text | ToolUseBlock | StreamError]
+
+_ids = iter(range(1, 1_000_000))
+
+
+def text(value: str, chunks: int = 3) -> Text:
+    """A text block, streamed as ``chunks`` deltas."""
+    return Text(value, chunks)
+
+
+def tool_use(
+    name: str,
+    input: dict[str, Any],
+    id: str | None = None,
+    splits: Sequence[int] | None = None,
+) -> ToolUseBlock:
+    """A tool_use block; its JSON is split at ``splits`` (default: every 5 characters)."""
+    return ToolUseBlock(
+        name, input, id or f"toolu_fake{next(_ids):04d}", tuple(splits) if splits else None
+    )
+
+
+def stream_error(type: str = "overloaded_error", message: str = "Overloaded") -> StreamError:
+    """An ``error`` event mid-stream."""
+    return StreamError(type, message)
+
+
+def http_error(
+    status: int,
+    type: str = "rate_limit_error",
+    message: str = "scripted error",
+    retry_after: float | None = None,
+) -> HttpError:
+    """An HTTP error response (429 with ``retry_after``, 529 overloaded, 500...)."""
+    return HttpError(status, type, message, retry_after)
+
+
+def reply(
+    *items: Text | ToolUseBlock | StreamError,
+    stop_reason: str | None = None,
+    input_tokens: int = 11,
+    output_tokens: int = 7,
+) -> Reply:
+    """A streamed response with explicit usage or stop reason."""
+    return Reply(tuple(items), stop_reason, input_tokens, output_tokens)
+
+
+# --- the transcript check the real API makes --------------------------------------------
+
+
+def transcript_problems(messages: list[dict[str, Any]]) -> list[str]:
+    """What the real API would refuse in ``messages``: unanswered or orphan tool_use/result."""
+    problems: list[str] = []
+    if not messages or messages[0].get("role") != "user":
+        problems.append("the first message must have role 'user'")
+    for i, msg in enumerate(messages):
+        content = msg.get("content")
+        blocks = content if isinstance(content, list) else []
+        if i > 0 and msg.get("role") == messages[i - 1].get("role"):
+            problems.append(f"messages {i - 1} and {i} have the same role {msg.get('role')!r}")
+        if isinstance(content, list) and not content:
+            problems.append(f"message {i} has empty content")
+        results = [b["tool_use_id"] for b in blocks if b.get("type") == "tool_result"]
+        if msg.get("role") == "user" and results:
+            prev = messages[i - 1] if i > 0 else {}
+            prev_blocks = prev.get("content") if isinstance(prev.get("content"), list) else []
+            uses = [b["id"] for b in prev_blocks or [] if b.get("type") == "tool_use"]
+            if sorted(results) != sorted(uses) or len(set(results)) != len(results):
+                problems.append(f"message {i}: tool_results {results} do not answer {uses}")
+            leading = [b.get("type") for b in blocks[: len(results)]]
+            if any(t != "tool_result" for t in leading):
+                problems.append(f"message {i}: tool_result blocks must come first")
+        if msg.get("role") == "assistant":
+            uses = [b["id"] for b in blocks if b.get("type") == "tool_use"]
+            if uses:
+                nxt = messages[i + 1] if i + 1 < len(messages) else None
+                nxt_blocks = (nxt or {}).get("content")
+                answered = [
+                    b["tool_use_id"]
+                    for b in (nxt_blocks if isinstance(nxt_blocks, list) else [])
+                    if b.get("type") == "tool_result"
+                ]
+                if nxt is None or sorted(answered) != sorted(uses):
+                    problems.append(f"message {i}: tool_use {uses} not answered, got {answered}")
+    return problems
+
+
+# --- the server -------------------------------------------------------------------------
+
+
+def _sse(event: str, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _split(value: str, parts: int) -> list[str]:
+    if parts <= 1 or len(value) <= 1:
+        return [value]
+    size = max(1, -(-len(value) // parts))
+    return [value[i : i + size] for i in range(0, len(value), size)]
+
+
+def _split_at(value: str, splits: Sequence[int] | None) -> list[str]:
+    cuts = sorted({s for s in splits if 0 < s < len(value)}) if splits else []
+    if not splits:
+        cuts = list(range(5, len(value), 5))
+    bounds = [0, *cuts, len(value)]
+    return [value[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def sse_events(item: Reply, message_id: str, model: str) -> Iterator[bytes]:
+    """The SSE byte frames of one scripted response, exactly as the real API orders them."""
+    has_tools = any(isinstance(i, ToolUseBlock) for i in item.items)
+    yield _sse(
+        "message_start",
+        {
+            "type": "message_start",
+            "message": {
+                "id": message_id,
+                "type": "message",
+                "role": "assistant",
+                "model": model,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": item.input_tokens, "output_tokens": 1},
+            },
+        },
+    )
+    yield _sse("ping", {"type": "ping"})
+    for index, block in enumerate(item.items):
+        if isinstance(block, StreamError):
+            yield _sse(
+                "error",
+                {"type": "error", "error": {"type": block.type, "message": block.message}},
+            )
+            return
+        if isinstance(block, Text):
+            start: dict[str, Any] = {"type": "text", "text": ""}
+            deltas = [
+                {"type": "text_delta", "text": part} for part in _split(block.text, block.chunks)
+            ]
+        else:
+            start = {"type": "tool_use", "id": block.id, "name": block.name, "input": {}}
+            raw = json.dumps(block.input)
+            deltas = [
+                {"type": "input_json_delta", "partial_json": part}
+                for part in _split_at(raw, block.splits)
+            ]
+        yield _sse(
+            "content_block_start",
+            {"type": "content_block_start", "index": index, "content_block": start},
+        )
+        for delta in deltas:
+            yield _sse(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": index, "delta": delta},
+            )
+        yield _sse("content_block_stop", {"type": "content_block_stop", "index": index})
+    stop_reason = item.stop_reason or ("tool_use" if has_tools else "end_turn")
+    yield _sse(
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+            "usage": {"output_tokens": item.output_tokens},
+        },
+    )
+    yield _sse("message_stop", {"type": "message_stop"})
+
+
+@dataclass
+class RecordedRequest:
+    """One request the fake received."""
+
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+    at: float = 0.0  # time.monotonic() when it arrived
+
+
+@dataclass
+class FakeAnthropic:
+    """The fake server; use as a context manager or ``start()``/``stop()``."""
+
+    host: str = "127.0.0.1"
+    seed: int = 1
+    requests: list[RecordedRequest] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    _queue: list[Scripted] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _server: ThreadingHTTPServer | None = None
+    _thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """The base URL to give the SDK."""
+        assert self._server is not None, "start() the fake first"
+        return f"http://{self.host}:{self._server.server_address[1]}"
+
+    def script(self, responses: Sequence[Scripted]) -> None:
+        """Queue responses, one per coming request."""
+        with self._lock:
+            self._queue.extend(responses)
+
+    @property
+    def remaining(self) -> int:
+        """Scripted responses not yet served."""
+        with self._lock:
+            return len(self._queue)
+
+    def _next(self, body: dict[str, Any], path: str, headers: dict[str, str]) -> Scripted | None:
+        with self._lock:
+            self.requests.append(RecordedRequest(path, headers, body, time.monotonic()))
+            return self._queue.pop(0) if self._queue else None
+
+    def start(self) -> FakeAnthropic:
+        """Serve on a free port from a daemon thread."""
+        fake = self
+        rng = random.Random(self.seed)
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # keep test output quiet
+
+            def _json(self, status: int, body: dict[str, Any], headers: dict[str, str]) -> None:
+                raw = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(raw)))
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def _error(self, status: int, type: str, message: str, **headers: str) -> None:
+                body = {"type": "error", "error": {"type": type, "message": message}}
+                self._json(status, body, headers)
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                try:
+                    body = json.loads(self.rfile.read(length) or b"{}")
+                except json.JSONDecodeError:
+                    self._error(400, "invalid_request_error", "body is not JSON")
+                    return
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                if self.path.split("?")[0] != "/v1/messages":
+                    self._error(404, "not_found_error", f"no route {self.path!r}")
+                    return
+                item = fake._next(body, self.path, headers)
+                problems = transcript_problems(body.get("messages") or [])
+                if problems:
+                    fake.violations.extend(problems)
+                    self._error(400, "invalid_request_error", "; ".join(problems))
+                    return
+                if item is None:
+                    self._error(400, "invalid_request_error", "fake: no scripted response left")
+                    return
+                if isinstance(item, HttpError):
+                    extra = (
+                        {} if item.retry_after is None else {"retry-after": str(item.retry_after)}
+                    )
+                    self._error(item.status, item.type, item.message, **extra)
+                    return
+                scripted = item if isinstance(item, Reply) else Reply(tuple(item))
+                if not body.get("stream"):
+                    self._error(400, "invalid_request_error", "fake: only stream=true is served")
+                    return
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("cache-control", "no-cache")
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                payload = b"".join(
+                    sse_events(scripted, f"msg_fake{next(_ids):04d}", str(body.get("model")))
+                )
+                # Arbitrary chunk boundaries: a real network splits SSE frames anywhere.
+                pos = 0
+                while pos < len(payload):
+                    size = rng.randint(1, 64)
+                    chunk = payload[pos : pos + size]
+                    self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+                    self.wfile.flush()
+                    pos += size
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+
+        self._server = ThreadingHTTPServer((self.host, 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> FakeAnthropic:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

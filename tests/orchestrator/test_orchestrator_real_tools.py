@@ -1,0 +1,329 @@
+"""The orchestrator process on the real ``anthropic`` SDK (against the fake Messages API) with
+the REAL tools worker (prefork, ``SIGNALBOX_TEST_TOOLS=1``): a call past its limit ends
+``timeout`` alone, busy policies at the gateway, and a worker SIGKILLed mid-call → ``lost``.
+
+The tests of this module share one deployment and run in file order; the last one kills
+the tools worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.testclient import TestClient, WebSocketTestSession
+
+from services.gateway.app import create_app
+from shared.celery_app import RUN_TURN_TASK, make_celery
+from shared.event_stream import EventStream
+from shared.events import Event
+from shared.redis_keys import RedisKeys
+from shared.settings import CommonSettings, GatewaySettings
+from shared.tool_contract import read_catalogue
+from signalbox.processes import Child, ServiceCommands, child_env, log_contains
+from tests.fake_anthropic import FakeAnthropic, text, tool_use
+
+from .support import make_conversation, make_turn, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+SLEEP_LIMIT_S = 1.0  # the deployment's limit of the test tool ``sleep``
+BLOCK_LIMIT_S = 3.0  # ... and of ``block``
+GRACE_S = 1.0
+HEARTBEAT_S = 0.2  # the test gateways' heartbeat: wakes a waiting socket to check its deadline
+REPLY_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Deployment:
+    keys: RedisKeys
+    client: Celery
+    redis: redis.Redis
+    fake: FakeAnthropic
+    tools: Child
+    settings: dict[str, Any]
+    children: list[Child] = field(default_factory=list)
+
+    def events(self, conversation_id: str) -> list[Event]:
+        return EventStream(self.redis, self.keys).read_after(conversation_id, None)
+
+    def kinds(self, conversation_id: str) -> list[str]:
+        return [e.kind for e in self.events(conversation_id)]
+
+
+@pytest.fixture(scope="module")
+def deployment(
+    tmp_path_factory: pytest.TempPathFactory,
+    redis_url: str,
+    redis_prefix: str,
+    database_url: str,
+    internal_token: str,
+) -> Iterator[Deployment]:
+    prefix = f"{redis_prefix}realtools-{uuid.uuid4().hex[:6]}:"
+    logs = tmp_path_factory.mktemp("orchestrator-real-tools")
+    workspaces = tmp_path_factory.mktemp("real-tools-workspaces")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+    common = {
+        "SIGNALBOX_REDIS_URL": redis_url,
+        "SIGNALBOX_REDIS_PREFIX": prefix,
+        "SIGNALBOX_DATABASE_URL": database_url,
+        "SIGNALBOX_INTERNAL_TOKEN": internal_token,
+        "SIGNALBOX_WORKSPACES_ROOT": str(workspaces),
+        "PYTHONPATH": str(REPO),
+    }
+    with FakeAnthropic() as fake:
+        orchestrator_env = child_env(
+            base,
+            {
+                **common,
+                "ANTHROPIC_API_KEY": "sk-test",
+                "ANTHROPIC_BASE_URL": fake.url,
+                "SIGNALBOX_TOOL_GRACE_S": str(GRACE_S),
+                "SIGNALBOX_LEASE_S": "2",
+            },
+        )
+        tools_env = child_env(
+            base,
+            {
+                **common,
+                "SIGNALBOX_TEST_TOOLS": "1",
+                "SIGNALBOX_TOOL_TIMEOUTS": json.dumps(
+                    {"sleep": SLEEP_LIMIT_S, "block": BLOCK_LIMIT_S}
+                ),
+            },
+        )
+        commands = ServiceCommands(tools_concurrency=4, orchestrator_concurrency=4)
+        orchestrator = Child(
+            "orchestrator",
+            commands.orchestrator("orch-real@%h"),
+            logs / "orchestrator.log",
+            orchestrator_env,
+        )
+        tools = Child("tools", commands.tools("tools-real@%h"), logs / "tools.log", tools_env)
+        keys = RedisKeys(prefix)
+        client = redis.Redis.from_url(redis_url)
+        app = make_celery(
+            "real-tools-test-client",
+            CommonSettings(redis_url=redis_url, redis_prefix=prefix, database_url=database_url),
+        )
+        children = [orchestrator, tools]
+        try:
+            for child in children:
+                child.start()
+            for child in children:
+                child.wait_ready(log_contains(child, " ready."))
+            wait_for(lambda: "block" in read_catalogue(client, keys), what="the tool catalogue")
+            settings = {
+                "redis_url": redis_url,
+                "redis_prefix": prefix,
+                "database_url": database_url,
+                "internal_token": internal_token,
+                "workspaces_root": workspaces,
+            }
+            yield Deployment(keys, app, client, fake, tools, settings, children)
+        finally:
+            for child in children:
+                child.stop()
+            client.close()
+            app.close()
+
+
+def _finished(events: list[Event]) -> dict[str, dict[str, Any]]:
+    """tool_call_finished data by tool name."""
+    return {e.data["tool"]: e.data for e in events if e.kind == "tool_call_finished"}
+
+
+def test_four_parallel_calls_one_past_its_limit_ends_timeout_alone(
+    deployment: Deployment,
+    db_sessions: sessionmaker[Session],
+    make_user: Callable[[], tuple[str, str]],
+) -> None:
+    d = deployment
+    d.fake.script(
+        [
+            [
+                text("Four at once."),
+                tool_use("sleep", {"seconds": 30}),
+                tool_use("block", {"how": "select", "seconds": 0.2}),
+                tool_use("count_calls", {"key": uuid.uuid4().hex}),
+                tool_use("list_dir", {"path": "."}),
+            ],
+            [text("Three worked; the sleep timed out.")],
+        ]
+    )
+    user_id, _ = make_user()
+    conversation_id = make_conversation(db_sessions, user_id)
+    turn_id = make_turn(db_sessions, conversation_id, user_id, "go", seq=1)
+
+    assert d.client.send_task(RUN_TURN_TASK, args=[turn_id]).get(timeout=30) == "completed"
+
+    events = d.events(conversation_id)
+    finished = _finished(events)
+    assert {tool: f["status"] for tool, f in finished.items()} == {
+        "sleep": "timeout",
+        "block": "ok",
+        "count_calls": "ok",
+        "list_dir": "ok",
+    }, finished
+    sleep = finished["sleep"]
+    assert SLEEP_LIMIT_S * 1000 * 0.8 <= sleep["duration_ms"] < (SLEEP_LIMIT_S + GRACE_S) * 1000
+    kinds = [e.kind for e in events]
+    starts = [i for i, k in enumerate(kinds) if k == "tool_call_started"]
+    assert len(starts) == 4 and max(starts) < kinds.index("tool_call_finished")
+    assert events[-1].kind == "turn_finished" and events[-1].data["status"] == "completed"
+    last = d.fake.requests[-1].body["messages"][-1]["content"]
+    assert len([b for b in last if b["type"] == "tool_result"]) == 4
+    assert d.fake.violations == []
+
+
+class Socket:
+    """A gateway WebSocket that keeps the events it sees while waiting for replies."""
+
+    def __init__(self, ws: WebSocketTestSession) -> None:
+        self.ws = ws
+        self.events: list[dict[str, Any]] = []
+
+    def request(self, frame: dict[str, Any]) -> dict[str, Any]:
+        req = uuid.uuid4().hex[:8]
+        self.ws.send_json({**frame, "req": req})
+        deadline = time.monotonic() + REPLY_TIMEOUT_S
+        while True:
+            reply: dict[str, Any] = self.ws.receive_json()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no reply to {frame} within {REPLY_TIMEOUT_S} s")
+            if reply.get("type") == "event":
+                self.events.append(reply)
+            elif reply.get("req") == req:
+                return reply
+
+    def until(
+        self, done: Callable[[dict[str, Any]], bool], timeout_s: float = 30
+    ) -> dict[str, Any]:
+        """Receive until an event satisfies ``done``; the gateway's frequent heartbeats let
+        the deadline be checked while nothing else arrives."""
+        for event in self.events:
+            if done(event):
+                return event
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no such event within {timeout_s} s: {self.events}")
+            frame: dict[str, Any] = self.ws.receive_json()
+            if frame.get("type") == "event":
+                self.events.append(frame)
+                if done(frame):
+                    return frame
+
+
+def _socket(client: TestClient, token: str) -> Any:
+    return client.websocket_connect("/ws", headers={"Authorization": f"Bearer {token}"})
+
+
+def _is(kind: str, turn_id: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda e: e["kind"] == kind and e["turn_id"] == turn_id
+
+
+def test_busy_policy_interrupt_cancels_the_running_turn_then_runs_the_new_one(
+    deployment: Deployment, make_user: Callable[[], tuple[str, str]]
+) -> None:
+    d = deployment
+    d.fake.script(
+        [
+            [text("Waiting."), tool_use("block", {"how": "sleep", "seconds": 30})],
+            [text("Second answer.")],
+        ]
+    )
+    _, token = make_user()
+    settings = GatewaySettings(**d.settings, busy_policy="interrupt", heartbeat_s=HEARTBEAT_S)
+    with TestClient(create_app(settings)) as client, _socket(client, token) as ws:
+        sock = Socket(ws)
+        first = sock.request({"type": "user_turn", "text": "first"})
+        assert first["type"] == "ack", first
+        sock.until(_is("tool_call_started", first["turn_id"]))
+
+        second = sock.request(
+            {"type": "user_turn", "conversation_id": first["conversation_id"], "text": "second"}
+        )
+        assert second["type"] == "ack", second
+        done = sock.until(_is("turn_finished", second["turn_id"]))
+
+    assert done["data"]["status"] == "completed"
+    order = [(e["kind"], e["turn_id"]) for e in sock.events]
+    cancelled = order.index(("turn_finished", first["turn_id"]))
+    assert sock.events[cancelled]["data"]["status"] == "cancelled"
+    assert cancelled < order.index(("turn_started", second["turn_id"]))
+    assert ("tool_call_finished", first["turn_id"]) in order
+
+
+def test_busy_policy_reject_answers_turn_busy(
+    deployment: Deployment, make_user: Callable[[], tuple[str, str]]
+) -> None:
+    d = deployment
+    d.fake.script([[text("Waiting."), tool_use("block", {"how": "sleep", "seconds": 30})]])
+    _, token = make_user()
+    settings = GatewaySettings(**d.settings, busy_policy="reject", heartbeat_s=HEARTBEAT_S)
+    with TestClient(create_app(settings)) as client, _socket(client, token) as ws:
+        sock = Socket(ws)
+        first = sock.request({"type": "user_turn", "text": "first"})
+        sock.until(_is("tool_call_started", first["turn_id"]))
+
+        refused = sock.request(
+            {"type": "user_turn", "conversation_id": first["conversation_id"], "text": "again"}
+        )
+
+        assert (refused["type"], refused["code"]) == ("error", "turn_busy")
+        assert sock.request({"type": "cancel", "turn_id": first["turn_id"]})["type"] == "ack"
+        done = sock.until(_is("turn_finished", first["turn_id"]))
+    assert done["data"]["status"] == "cancelled"
+
+
+def test_a_tools_worker_killed_mid_call_is_lost_while_the_rest_of_the_batch_goes_on(
+    deployment: Deployment,
+    db_sessions: sessionmaker[Session],
+    make_user: Callable[[], tuple[str, str]],
+) -> None:
+    d = deployment
+    d.fake.script(
+        [
+            [
+                text("Three."),
+                tool_use("block", {"how": "sleep", "seconds": 60}),
+                tool_use("count_calls", {"key": uuid.uuid4().hex}),
+                tool_use("list_dir", {"path": "."}),
+            ],
+            [text("One was lost.")],
+        ]
+    )
+    user_id, _ = make_user()
+    conversation_id = make_conversation(db_sessions, user_id)
+    turn_id = make_turn(db_sessions, conversation_id, user_id, "go", seq=1)
+    result = d.client.send_task(RUN_TURN_TASK, args=[turn_id])
+
+    def quick_ones_done() -> bool:
+        finished = _finished(d.events(conversation_id))
+        return {"count_calls", "list_dir"} <= set(finished)
+
+    wait_for(quick_ones_done, timeout_s=BLOCK_LIMIT_S, what="the quick calls to finish")
+    d.tools.signal_group(signal.SIGKILL)  # the worker and its pool children, mid-call
+    assert d.tools.process is not None
+    d.tools.process.wait(timeout=10)
+
+    assert result.get(timeout=30) == "completed"
+
+    finished = _finished(d.events(conversation_id))
+    assert finished["block"]["status"] == "lost"
+    assert finished["count_calls"]["status"] == finished["list_dir"]["status"] == "ok"
+    limit_ms = (BLOCK_LIMIT_S + GRACE_S) * 1000
+    assert limit_ms * 0.9 <= finished["block"]["duration_ms"] < limit_ms + 2000
+    assert d.events(conversation_id)[-1].data["status"] == "completed"
+    assert d.fake.violations == []
