@@ -37,6 +37,7 @@ SETTINGS_OF: dict[str, type[BaseSettings]] = {
     "proposals": ProposalsSettings,
     "orchestrator": OrchestratorSettings,
     "tools": ToolsSettings,
+    "tools-sandbox": ToolsSettings,
 }
 ENTRY_POINT = re.compile(r"\b((?:services|shared|signalbox)(?:\.\w+)+):(\w+)\b")
 INTERPOLATION = re.compile(r"\$\{(\w+)(?::?[-?]([^}]*))?\}")
@@ -151,7 +152,9 @@ def test_commands_match_signalbox_up(services: dict[str, dict[str, Any]]) -> Non
         "gateway": commands.gateway(8000),
         "proposals": commands.proposals(8001),
         "orchestrator": commands.orchestrator("orchestrator@%h"),
-        "tools": commands.tools("tools@%h"),
+        # compose splits the two tool queues: run_python's workers get their own privileges
+        "tools": commands.tools("tools@%h", "tools"),
+        "tools-sandbox": commands.tools("sandbox@%h", "tools.sandbox"),
     }
     for name, command in expected.items():
         assert _shape(_words(services[name]["command"])) == _shape(command), name
