@@ -14,6 +14,7 @@ from services.proposals import outbox
 from services.proposals.context import ServiceContext
 from services.proposals.errors import ProposalError
 from services.proposals.routes import router
+from services.proposals.sweeper import Sweeper
 from shared.settings import ProposalsSettings, load
 
 log = logging.getLogger(__name__)
@@ -36,9 +37,14 @@ def create_app(settings: ProposalsSettings | None = None) -> FastAPI:
             if sent:
                 log.info("outbox relay at start-up sent %d message(s)", sent)
         except Exception:
-            log.exception("outbox relay at start-up failed; the next decision retries it")
-        yield
-        ctx.close()
+            log.exception("outbox relay at start-up failed; the sweep retries it")
+        sweeper = Sweeper(ctx, ctx.settings.outbox_sweep_s)
+        sweeper.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(sweeper.stop)
+            ctx.close()
 
     app = FastAPI(title="Signalbox proposals", lifespan=lifespan)
     app.state.context = ctx

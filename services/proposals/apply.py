@@ -3,6 +3,10 @@
 Every file is checked first (confinement and compare-and-swap on its SHA-256) so a stale
 proposal writes nothing. Each write goes to a temp file in the same directory, is fsynced
 and renamed over the target; if a later file fails, the files already changed are restored.
+
+A file already in its proposed state (same content, or already deleted) counts as done and
+is not written again: a process killed half-way through an apply leaves every file old or
+new, SQL still says pending, and approving again finishes the job instead of conflicting.
 """
 
 from __future__ import annotations
@@ -15,10 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.proposals import faults
 from shared.events import FileOperation
 from shared.workspace_paths import PathOutsideWorkspace, resolve_in_workspace
 
 TEMP_PREFIX = ".sb-apply-"  # temp files left by a crash are recognisable as ours
+# Git runs hooks and fsmonitor commands named in .git/config: an agent must never write there.
+FORBIDDEN_COMPONENTS = frozenset({".git"})
 
 
 class ApplyError(Exception):
@@ -75,6 +82,9 @@ def resolve(workspace: Path, relative: str) -> Path:
         raise PathRefused(str(exc)) from None
     if target == workspace.resolve():
         raise PathRefused(f"expected a file path, got the workspace itself: {relative!r}")
+    inside = target.relative_to(workspace.resolve())
+    if any(part.lower() in FORBIDDEN_COMPONENTS for part in inside.parts):
+        raise PathRefused(f"expected a path outside .git, got {relative!r}")
     return target
 
 
@@ -90,13 +100,22 @@ def read_bytes(target: Path) -> bytes | None:
         raise PathRefused(f"a parent of {str(target)!r} is not a directory") from None
 
 
+def already_done(change: FileChange, current: bytes | None) -> bool:
+    """True if the file is already as the change would leave it."""
+    if change.operation == "delete":
+        return current is None
+    return current is not None and change.after is not None and current == change.after.encode()
+
+
 def find_stale(workspace: Path, changes: Sequence[FileChange]) -> list[StaleFile]:
     """Files whose current state differs from what the proposal expects (create: absent)."""
     stale: list[StaleFile] = []
     for change in changes:
         current = read_bytes(resolve(workspace, change.path))
         current_sha = None if current is None else sha256_bytes(current)
-        if change.operation == "create":
+        if already_done(change, current):
+            reason = ""
+        elif change.operation == "create":
             reason = "" if current is None else "file exists now"
         elif current is None:
             reason = "file no longer exists"
@@ -128,6 +147,7 @@ def write_atomic(target: Path, data: bytes) -> None:
             os.fsync(handle.fileno())
         if mode is not None:
             os.chmod(tmp, mode)
+        faults.crash_point(faults.CRASH_BEFORE_RENAME)
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -185,6 +205,8 @@ def apply_changes(workspace: Path, changes: Sequence[FileChange]) -> Applied:
             # Resolved again right before the write, so a symlink swapped in meanwhile is refused.
             target = resolve(workspace, change.path)
             before = read_bytes(target)
+            if already_done(change, before):
+                continue
             if change.operation == "delete":
                 delete_file(target)
             else:

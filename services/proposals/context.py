@@ -15,6 +15,9 @@ from shared.redis_keys import RedisKeys
 from shared.settings import ProposalsSettings
 from shared.workspace_paths import workspace_dir
 
+REDIS_CONNECT_TIMEOUT_S = 2.0
+REDIS_TIMEOUT_S = 5.0
+
 
 @dataclass
 class ServiceContext:
@@ -31,7 +34,12 @@ class ServiceContext:
     def from_settings(cls, settings: ProposalsSettings) -> ServiceContext:
         """Connect to what ``settings`` names (lazily: nothing is contacted yet)."""
         engine = make_engine(settings.database_url)
-        client = redis.Redis.from_url(settings.redis_url)
+        # Bounded, because the outbox relay holds an outbox row's lock while it publishes.
+        client = redis.Redis.from_url(
+            settings.redis_url,
+            socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+            socket_timeout=REDIS_TIMEOUT_S,
+        )
         keys = RedisKeys(settings.redis_prefix)
         return cls(
             settings=settings,

@@ -5,17 +5,26 @@ whose UPDATE changes the row wins, and holds the row's write lock until it commi
 concurrent decider waits and then finds the winner's status. An approval applies the files
 while it holds that lock and commits the outcome with its outbox row; if the commit fails
 the files are restored. A loser answers with the winner's outcome.
+
+Approving only some files (``files`` on approve) splits the proposal, under that same lock:
+the chosen files move to a new child proposal (``parent_id`` = the original) that is born
+decided (``applied``, or ``conflict`` with nothing written) and announced like any other
+(``proposal_created`` then ``proposal_resolved``); the original keeps the other files and
+goes back to ``pending`` with its version bumped. So every decision is still one winning
+conditional UPDATE on one row, and a child, never pending, cannot be decided twice.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from services.proposals import outbox
+from services.proposals import faults, git_info, outbox
 from services.proposals.apply import (
     FileChange,
     PathRefused,
@@ -27,11 +36,14 @@ from services.proposals.apply import (
 )
 from services.proposals.context import ServiceContext
 from services.proposals.diffs import unified_diff
-from services.proposals.errors import Conflict, NotFound
+from services.proposals.errors import BadProposal, Conflict, NotFound
 from services.proposals.proposals import as_utc, load, pending_of
-from shared.db import Outbox, Proposal
+from shared.db import Outbox, Proposal, ProposalFile
 from shared.db.models import now
 from shared.events import FileOperation
+from shared.ids import new_id
+
+log = logging.getLogger(__name__)
 
 APPLYING = "applying"  # never committed: only seen inside the winning approval's transaction
 
@@ -91,6 +103,7 @@ def _decide(
             _record(session, proposal_id)
         session.commit()
     if won:
+        faults.crash_point(faults.CRASH_AFTER_COMMIT)
         outbox.relay(ctx)
     return won
 
@@ -136,48 +149,148 @@ def _refusal(ctx: ServiceContext, proposal: Proposal, why: str | None = None) ->
     return Conflict(why or f"proposal {proposal.id!r} is {proposal.status}", **extra)
 
 
-def _changes(proposal: Proposal) -> list[FileChange]:
+def _changes(files: Sequence[ProposalFile]) -> list[FileChange]:
     ops: dict[str, FileOperation] = {"create": "create", "update": "update", "delete": "delete"}
-    return [FileChange(f.path, ops[f.operation], f.after, f.before_sha256) for f in proposal.files]
+    return [FileChange(f.path, ops[f.operation], f.after, f.before_sha256) for f in files]
 
 
-def approve(ctx: ServiceContext, proposal: Proposal, user_id: str) -> Proposal:
-    """Apply the proposal; ``Conflict`` (nothing written) if it is stale or already decided."""
+def _answer(ctx: ServiceContext, decided: Proposal, why: str | None = None) -> Proposal:
+    """The approval's answer: the proposal if applied, else the refusal with its status."""
+    if decided.status == "applied":
+        return decided
+    raise _refusal(ctx, decided, why)
+
+
+def _earlier_split(ctx: ServiceContext, parent_id: str, paths: Sequence[str]) -> Proposal | None:
+    """The child an earlier approval of exactly ``paths`` split off, so a retry is harmless."""
+    wanted = set(paths)
+    with ctx.sessions() as session:
+        children = session.scalars(select(Proposal.id).where(Proposal.parent_id == parent_id))
+        for child_id in list(children):
+            child = load(session, child_id)
+            if child is not None and {f.path for f in child.files} == wanted:
+                return child
+    return None
+
+
+def _chosen(proposal: Proposal, paths: Sequence[str] | None) -> list[ProposalFile] | None:
+    """The files ``paths`` names (None: every file, no split); ``BadProposal`` if unknown."""
+    if paths is None:
+        return None
+    if not paths:
+        raise BadProposal("expected at least one file to approve, got an empty list")
+    have = {f.path for f in proposal.files}
+    unknown = sorted(set(paths) - have)
+    if unknown:
+        raise BadProposal(f"expected files of proposal {proposal.id!r}, got {unknown!r}")
+    if set(paths) == have:
+        return None
+    return [f for f in proposal.files if f.path in set(paths)]
+
+
+def _split(
+    session: Session,
+    parent: Proposal,
+    files: list[ProposalFile],
+    outcome: str,
+    why: str | None,
+    by: str,
+) -> str:
+    """Move ``files`` into a new child proposal decided as ``outcome``; its id."""
+    child = Proposal(
+        id=new_id("prop"),
+        user_id=parent.user_id,
+        conversation_id=parent.conversation_id,
+        turn_id=parent.turn_id,
+        workspace=parent.workspace,
+        summary=parent.summary,
+        status=outcome,
+        version=2,  # as if created (1) and decided (2), like every other decided proposal
+        decided_at=now(),
+        decided_by=by,
+        reason=why,
+        parent_id=parent.id,
+    )
+    session.add(child)
+    session.flush()
+    session.execute(
+        update(ProposalFile)
+        .where(ProposalFile.id.in_([f.id for f in files]))
+        .values(proposal_id=child.id)
+    )
+    # The parent stays undecided: only its version (bumped by the claim) says it changed.
+    session.execute(
+        update(Proposal)
+        .where(Proposal.id == parent.id, Proposal.status == APPLYING)
+        .values(status="pending", decided_at=None, decided_by=None)
+    )
+    session.expire_all()
+    loaded = load(session, child.id)
+    assert loaded is not None
+    session.add(Outbox(topic=outbox.PROPOSAL_CREATED, payload=outbox.created_payload(loaded)))
+    _record(session, child.id)
+    return child.id
+
+
+def approve(
+    ctx: ServiceContext, proposal: Proposal, user_id: str, paths: Sequence[str] | None = None
+) -> Proposal:
+    """Apply the proposal (or only ``paths`` of it); ``Conflict`` if stale or decided."""
     proposal = expire_if_stale(ctx, proposal)
+    if paths:
+        earlier = _earlier_split(ctx, proposal.id, paths)
+        if earlier is not None:
+            return _answer(ctx, earlier)  # a retry of a partial approval: nothing happens again
     if proposal.status == "applied":
         return proposal  # approving twice is harmless: nothing is written again
     if proposal.status != "pending":
         raise _refusal(ctx, proposal)
     workspace = ctx.workspace(proposal.user_id, proposal.workspace)
     why: str | None = None
+    decided_id = proposal.id
     with ctx.sessions() as session:
         won = _claim(session, proposal.id, APPLYING, user_id, None)
-        if won:
-            try:
-                applied = apply_changes(workspace, _changes(proposal))
-                outcome = "applied"
-            except (StaleFiles, PathRefused) as exc:
-                applied, outcome, why = None, "conflict", str(exc)
+        if not won:
+            session.rollback()
+            return _answer(ctx, _reload(ctx, proposal.id))
+        # Read under the lock: an earlier partial approval may have taken files away.
+        locked = load(session, proposal.id)
+        assert locked is not None
+        try:
+            chosen = _chosen(locked, paths)
+        except BadProposal:
+            session.rollback()
+            # A concurrent approval of the same files may have split them off just before us.
+            earlier = _earlier_split(ctx, proposal.id, paths) if paths else None
+            if earlier is not None:
+                return _answer(ctx, earlier)
+            raise
+        try:
+            applied = apply_changes(workspace, _changes(locked.files if chosen is None else chosen))
+            outcome = "applied"
+        except (StaleFiles, PathRefused) as exc:
+            applied, outcome, why = None, "conflict", str(exc)
+        if chosen is None:
             session.execute(
                 update(Proposal)
                 .where(Proposal.id == proposal.id, Proposal.status == APPLYING)
                 .values(status=outcome, reason=why)
             )
             _record(session, proposal.id)
-            try:
-                session.commit()
-            except BaseException:
-                if applied is not None:
-                    applied.undo()  # SQL says pending: the workspace must say so too
-                raise
         else:
-            session.rollback()
-    if won:
-        outbox.relay(ctx)
-    decided = _reload(ctx, proposal.id)
-    if decided.status == "applied":
-        return decided
-    raise _refusal(ctx, decided, why)
+            decided_id = _split(session, locked, chosen, outcome, why, user_id)
+        try:
+            session.commit()
+        except BaseException:
+            if applied is not None:
+                applied.undo()  # SQL says pending: the workspace must say so too
+            raise
+    faults.crash_point(faults.CRASH_AFTER_COMMIT)
+    outbox.relay(ctx)
+    decided = _reload(ctx, decided_id)
+    if decided.status == "applied" and ctx.settings.git_commit_on_apply:
+        git_info.commit_applied(workspace, decided)
+    return _answer(ctx, decided, why)
 
 
 def reject(ctx: ServiceContext, proposal: Proposal, user_id: str, reason: str | None) -> Proposal:
@@ -198,3 +311,21 @@ def reject_all(ctx: ServiceContext, user_id: str, reason: str | None) -> list[st
         if _decide(ctx, proposal.id, "rejected", user_id, reason):
             rejected.append(proposal.id)
     return rejected
+
+
+EXPIRY_BATCH = 100
+
+
+def expire_overdue(ctx: ServiceContext) -> int:
+    """Expire (and announce) pending proposals past their time-to-live; how many."""
+    cutoff = datetime.now(UTC) - timedelta(seconds=ctx.settings.proposal_ttl_s)
+    with ctx.sessions() as session:
+        overdue = list(
+            session.scalars(
+                select(Proposal.id)
+                .where(Proposal.status == "pending", Proposal.created_at < cutoff)
+                .order_by(Proposal.created_at)
+                .limit(EXPIRY_BATCH)
+            )
+        )
+    return sum(_decide(ctx, pid, "expired", None, "not decided in time") for pid in overdue)

@@ -37,6 +37,7 @@ def created_payload(proposal: Proposal) -> dict[str, Any]:
         "turn_id": proposal.turn_id,
         "summary": proposal.summary,
         "files": [{"path": f.path, "operation": f.operation} for f in proposal.files],
+        "parent_id": proposal.parent_id,
     }
 
 
@@ -58,6 +59,8 @@ def publish(ctx: ServiceContext, topic: str, payload: dict[str, Any]) -> None:
     turn_id = payload.get("turn_id")
     if topic == PROPOSAL_CREATED:
         data = {k: payload[k] for k in ("proposal_id", "summary", "files")}
+        if payload.get("parent_id"):
+            data["parent_id"] = payload["parent_id"]  # the part a partial approval split off
         ctx.events.append(conversation_id, "proposal_created", data, turn_id=turn_id)
     elif topic == PROPOSAL_RESOLVED:
         ctx.redis.publish(ctx.keys.approvals_channel, json.dumps(payload, separators=(",", ":")))

@@ -44,7 +44,9 @@ def proposal_json(proposal: Proposal) -> dict[str, Any]:
         "status": proposal.status,
         "version": proposal.version,
         "decided_at": rfc3339(proposal.decided_at),
+        "decided_by": proposal.decided_by,
         "reason": proposal.reason,
+        "parent_id": proposal.parent_id,
         "files": [
             {
                 "path": f.path,

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
-from services.proposals import decisions, proposals
+from services.proposals import decisions, proposals, workspaces
 from services.proposals.deps import Context, CurrentUser, OwnedProposal, require_internal
 from services.proposals.schemas import ApproveBody, CreateProposal, RejectBody
 
@@ -68,8 +68,9 @@ def get_proposal(proposal: OwnedProposal) -> dict[str, Any]:
 def approve(
     ctx: Context, user: CurrentUser, proposal: OwnedProposal, body: ApproveBody | None = None
 ) -> dict[str, Any]:
-    """Apply one of my proposals (409 with the current diff if a file changed)."""
-    return proposals.proposal_json(decisions.approve(ctx, proposal, user.id))
+    """Apply one of my proposals, or only ``files`` of it (409 with the current diff if stale)."""
+    paths = body.files if body else None
+    return proposals.proposal_json(decisions.approve(ctx, proposal, user.id, paths))
 
 
 @router.post("/api/proposals/{proposal_id}/reject")
@@ -79,3 +80,9 @@ def reject(
     """Reject one of my proposals."""
     reason = body.reason if body else None
     return proposals.proposal_json(decisions.reject(ctx, proposal, user.id, reason))
+
+
+@router.get("/internal/workspaces/{user_id}/{name}", dependencies=[Depends(require_internal)])
+def workspace_status(ctx: Context, user_id: str, name: str) -> dict[str, Any]:
+    """Whether a user's workspace exists and, if it is a git repository, its branch and state."""
+    return workspaces.workspace_status(ctx, user_id, name)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, Field
 
 from shared.events import FileOperation
@@ -33,9 +35,11 @@ class CreateProposal(BaseModel):
 
 
 class ApproveBody(BaseModel):
-    """``POST /api/proposals/{id}/approve``; choosing files is not supported yet: all apply."""
+    """``POST /api/proposals/{id}/approve``: ``files`` (paths) applies only those, else all."""
 
-    files: list[str] | None = None
+    files: list[Annotated[str, Field(max_length=4096)]] | None = Field(
+        default=None, max_length=MAX_FILES
+    )
 
 
 class RejectBody(BaseModel):

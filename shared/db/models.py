@@ -173,6 +173,8 @@ class Proposal(Base):
     decided_at: Mapped[datetime | None] = mapped_column(default=None)
     decided_by: Mapped[str | None] = mapped_column(String(40), default=None)
     reason: Mapped[str | None] = mapped_column(Text, default=None)
+    # Set on the proposal a partial approval split off: it holds the files that were approved.
+    parent_id: Mapped[str | None] = mapped_column(String(40), default=None, index=True)
 
     files: Mapped[list[ProposalFile]] = relationship(
         back_populates="proposal", order_by="ProposalFile.position", cascade="all, delete-orphan"

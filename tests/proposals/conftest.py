@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -9,12 +12,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
+import redis
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
 from services.proposals.app import create_app
 from services.proposals.context import ServiceContext
-from shared.db import Conversation
+from shared.db import Conversation, Outbox
+from shared.redis_keys import RedisKeys
+from signalbox.processes import Child, ServiceCommands, child_env, http_ok
+from signalbox.redis_server import free_port
 
 
 class Response(Protocol):
@@ -46,7 +54,9 @@ class Owner:
 
 
 @pytest.fixture
-def client(service_env: dict[str, str]) -> Iterator[TestClient]:
+def client(service_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
+    # No background sweep unless a test asks for one: tests look at unsent outbox rows.
+    monkeypatch.setenv("SIGNALBOX_OUTBOX_SWEEP_S", "3600")
     with TestClient(create_app()) as c:
         yield c
 
@@ -103,3 +113,94 @@ def propose(client: TestClient, internal_token: str) -> Propose:
         )
 
     return call
+
+
+def events_of(ctx: ServiceContext, owner: Owner, kind: str) -> list[dict[str, Any]]:
+    return [
+        {"turn_id": e.turn_id, **e.data}
+        for e in ctx.events.read_after(owner.conversation_id, None)
+        if e.kind == kind
+    ]
+
+
+def resolved_rows(db: sessionmaker[Session], proposal_id: str) -> list[Outbox]:
+    with db() as session:
+        rows = session.scalars(select(Outbox).where(Outbox.topic == "proposal_resolved")).all()
+    return [r for r in rows if r.payload["proposal_id"] == proposal_id]
+
+
+@dataclass
+class Approvals:
+    """A subscriber of the approvals channel that can tell when it has seen everything so far."""
+
+    pubsub: redis.client.PubSub
+    client: redis.Redis
+    sentinel: str
+
+    def published_for(self, proposal_id: str, deadline_s: float = 5.0) -> list[Any]:
+        """Every approvals message about ``proposal_id`` published before this call."""
+        # Redis delivers to one subscriber in publish order, so once our sentinel (published
+        # now, on a private channel) arrives, every earlier approval has arrived too.
+        self.client.publish(self.sentinel, "end")
+        found: list[Any] = []
+        deadline = time.monotonic() + deadline_s
+        while (remaining := deadline - time.monotonic()) > 0:
+            message = self.pubsub.get_message(timeout=remaining)
+            if message is None or message["type"] != "message":
+                continue
+            if message["channel"].decode() == self.sentinel:
+                return found
+            payload = json.loads(message["data"])
+            if payload["proposal_id"] == proposal_id:
+                found.append(payload)
+        raise AssertionError(f"sentinel not received within {deadline_s} s")
+
+
+@pytest.fixture
+def approvals(redis_client: redis.Redis, keys: RedisKeys) -> Iterator[Approvals]:
+    sentinel = f"{keys.prefix}test-sentinel:{uuid.uuid4().hex}"  # a test-only channel
+    pubsub = redis_client.pubsub()  # type: ignore[no-untyped-call]
+    pubsub.subscribe(keys.approvals_channel, sentinel)
+    for _ in range(2):
+        confirmed = pubsub.get_message(timeout=5)
+        assert confirmed is not None and confirmed["type"] == "subscribe"
+    yield Approvals(pubsub, redis_client, sentinel)
+    pubsub.close()
+
+
+@dataclass
+class ServiceProcess:
+    """A proposals service running as a real uvicorn process."""
+
+    child: Child
+    base_url: str
+
+    def url(self, path: str) -> str:
+        return self.base_url + path
+
+
+StartService = Callable[..., ServiceProcess]
+
+
+@pytest.fixture
+def start_service(service_env: dict[str, str], tmp_path: Path) -> Iterator[StartService]:
+    """A factory: ``start(**extra_env)`` runs the real entry point and waits until it answers."""
+    started: list[Child] = []
+
+    def start(**extra_env: str) -> ServiceProcess:
+        port = free_port()
+        child = Child(
+            name="proposals",
+            args=ServiceCommands().proposals(port),
+            log_path=tmp_path / f"proposals-{len(started)}.log",
+            env=child_env(os.environ, {**service_env, **extra_env}),
+        )
+        started.append(child)
+        child.start()
+        base = f"http://127.0.0.1:{port}"
+        child.wait_ready(http_ok(base + "/healthz"), timeout_s=30)
+        return ServiceProcess(child, base)
+
+    yield start
+    for child in started:
+        child.stop()

@@ -3,82 +3,21 @@
 from __future__ import annotations
 
 import hashlib
-import json
-import time
-import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
-import pytest
-import redis
-from sqlalchemy import select, update
+from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
 from services.proposals.app import create_app
 from services.proposals.context import ServiceContext
 from shared.db import Outbox, Proposal
-from shared.redis_keys import RedisKeys
-from tests.proposals.conftest import Owner, Propose
+from tests.proposals.conftest import Approvals, Owner, Propose, events_of, resolved_rows
 
 
 def sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def events_of(ctx: ServiceContext, owner: Owner, kind: str) -> list[dict[str, Any]]:
-    return [
-        {"turn_id": e.turn_id, **e.data}
-        for e in ctx.events.read_after(owner.conversation_id, None)
-        if e.kind == kind
-    ]
-
-
-def resolved_rows(db: sessionmaker[Session], proposal_id: str) -> list[Outbox]:
-    with db() as session:
-        rows = session.scalars(select(Outbox).where(Outbox.topic == "proposal_resolved")).all()
-    return [r for r in rows if r.payload["proposal_id"] == proposal_id]
-
-
-@dataclass
-class Approvals:
-    """A subscriber of the approvals channel that can tell when it has seen everything so far."""
-
-    pubsub: redis.client.PubSub
-    client: redis.Redis
-    sentinel: str
-
-    def published_for(self, proposal_id: str, deadline_s: float = 5.0) -> list[Any]:
-        """Every approvals message about ``proposal_id`` published before this call."""
-        # Redis delivers to one subscriber in publish order, so once our sentinel (published
-        # now, on a private channel) arrives, every earlier approval has arrived too.
-        self.client.publish(self.sentinel, "end")
-        found: list[Any] = []
-        deadline = time.monotonic() + deadline_s
-        while (remaining := deadline - time.monotonic()) > 0:
-            message = self.pubsub.get_message(timeout=remaining)
-            if message is None or message["type"] != "message":
-                continue
-            if message["channel"].decode() == self.sentinel:
-                return found
-            payload = json.loads(message["data"])
-            if payload["proposal_id"] == proposal_id:
-                found.append(payload)
-        raise AssertionError(f"sentinel not received within {deadline_s} s")
-
-
-@pytest.fixture
-def approvals(redis_client: redis.Redis, keys: RedisKeys) -> Iterator[Approvals]:
-    sentinel = f"{keys.prefix}test-sentinel:{uuid.uuid4().hex}"  # a test-only channel
-    pubsub = redis_client.pubsub()  # type: ignore[no-untyped-call]
-    pubsub.subscribe(keys.approvals_channel, sentinel)
-    for _ in range(2):
-        confirmed = pubsub.get_message(timeout=5)
-        assert confirmed is not None and confirmed["type"] == "subscribe"
-    yield Approvals(pubsub, redis_client, sentinel)
-    pubsub.close()
 
 
 def test_create_list_get_approve_writes_and_announces(

@@ -1,0 +1,138 @@
+"""The periodic outbox sweep: a decision committed while Redis was down goes out once it is back."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.testclient import TestClient
+
+from services.proposals import outbox
+from services.proposals.app import create_app
+from services.proposals.context import ServiceContext
+from shared.db import Outbox, Proposal
+from shared.event_stream import EventStream
+from shared.redis_keys import RedisKeys
+from tests.proposals.conftest import Approvals, Owner
+from tests.proposals.tcp_proxy import Proxy
+
+
+def wait_for(check: Callable[[], bool], deadline_s: float = 10.0) -> None:
+    """Poll ``check`` (another thread's progress) until it holds, or fail at the deadline."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"not true within {deadline_s} s: {check}")
+
+
+def resolved_events(stream: EventStream, owner: Owner) -> list[dict[str, object]]:
+    events = stream.read_after(owner.conversation_id, None)
+    return [e.data for e in events if e.kind == "proposal_resolved"]
+
+
+def unsent(db: sessionmaker[Session]) -> list[int]:
+    with db() as session:
+        return list(session.scalars(select(Outbox.id).where(Outbox.sent_at.is_(None))))
+
+
+def test_decision_made_while_redis_is_down_is_published_once_when_it_is_back(
+    make_owner: Callable[[], Owner],
+    redis_url: str,
+    redis_client: redis.Redis,
+    keys: RedisKeys,
+    internal_token: str,
+    approvals: Approvals,
+    db_sessions: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    owner = make_owner()
+    real = urlsplit(redis_url)
+    proxy = Proxy((real.hostname or "127.0.0.1", real.port or 6379))  # not started: Redis is down
+    monkeypatch.setenv("SIGNALBOX_REDIS_URL", f"redis://127.0.0.1:{proxy.port}{real.path}")
+    monkeypatch.setenv("SIGNALBOX_OUTBOX_SWEEP_S", "0.1")
+    stream = EventStream(redis_client, keys)
+    try:
+        with TestClient(create_app()) as client:
+            assert client.get("/readyz").status_code == 503
+            created = client.post(
+                "/internal/proposals",
+                headers={"X-Signalbox-Internal-Token": internal_token},
+                json={
+                    "user_id": owner.user_id,
+                    "conversation_id": owner.conversation_id,
+                    "files": [{"path": "down.txt", "operation": "create", "after": "d"}],
+                },
+            )
+            assert created.status_code == 201, created.text
+            pid = created.json()["proposal_id"]
+            approved = client.post(f"/api/proposals/{pid}/approve", headers=owner.auth)
+            assert approved.status_code == 200, approved.text  # the decision is durable anyway
+            assert (owner.workspace / "down.txt").read_text() == "d"
+            assert len(unsent(db_sessions)) == 2  # created + resolved, waiting for Redis
+            assert resolved_events(stream, owner) == []
+
+            proxy.start()  # Redis is back
+            wait_for(lambda: unsent(db_sessions) == [])
+            assert resolved_events(stream, owner) == [{"proposal_id": pid, "status": "applied"}]
+            assert [m["status"] for m in approvals.published_for(pid)] == ["applied"]
+            ctx: ServiceContext = client.app.state.context  # type: ignore[attr-defined]
+            assert outbox.relay(ctx) == 0  # a later sweep finds nothing left to send
+            assert len(approvals.published_for(pid)) == 0
+    finally:
+        proxy.stop()
+    assert resolved_events(stream, owner) == [{"proposal_id": pid, "status": "applied"}]
+
+
+def test_sweep_publishes_an_unsent_row_and_expires_overdue_proposals(
+    client: TestClient,
+    ctx: ServiceContext,
+    owner: Owner,
+    approvals: Approvals,
+    db_sessions: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+    service_env: dict[str, str],
+) -> None:
+    monkeypatch.setenv("SIGNALBOX_OUTBOX_SWEEP_S", "0.1")
+    pid = f"prop_{uuid.uuid4().hex[:12]}"
+    overdue = datetime.now(UTC) - timedelta(seconds=ctx.settings.proposal_ttl_s + 60)
+    with db_sessions() as session:
+        session.add(
+            Proposal(
+                id=pid,
+                user_id=owner.user_id,
+                conversation_id=owner.conversation_id,
+                workspace="default",
+                summary="forgotten",
+                created_at=overdue,
+            )
+        )
+        session.commit()
+    before = sweeper_threads()
+    with TestClient(create_app()) as swept:
+        assert sweeper_threads() == before + 1
+        # Nobody reads the proposal: the sweep alone expires and announces it.
+        wait_for(lambda: status_of(db_sessions, pid) == "expired")
+        wait_for(lambda: unsent(db_sessions) == [])
+        assert [m["status"] for m in approvals.published_for(pid)] == ["expired"]
+        assert swept.get(f"/api/proposals/{pid}", headers=owner.auth).json()["status"] == "expired"
+    assert sweeper_threads() == before  # shut down with the app, not left running
+
+
+def status_of(db: sessionmaker[Session], pid: str) -> str | None:
+    with db() as session:
+        found = session.get(Proposal, pid)
+        return None if found is None else found.status
+
+
+def sweeper_threads() -> int:
+    return [t.name for t in threading.enumerate()].count("proposals-sweeper")
