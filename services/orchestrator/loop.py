@@ -115,9 +115,10 @@ def run_turn(rt: Runtime, turn_id: str) -> str:
     """Run (or resume, or continue) one turn as far as it can go; returns what happened.
 
     Outcomes: a finished status (``completed``, ``cancelled``, ``failed``, ``step_limit``),
-    ``parked`` (waiting for a human), or why nothing ran: ``missing``, ``finished``,
-    ``waiting`` (an earlier turn of the conversation is unfinished), ``leased`` (another
-    runner has it), ``lease_lost``.
+    ``parked`` (waiting for a human or a client), or why nothing ran: ``missing``,
+    ``finished``, ``child`` (a spawn_agent child turn: its parent runs it), ``waiting`` (an
+    earlier turn of the conversation is unfinished), ``leased`` (another runner has it),
+    ``lease_lost``.
     """
     info = store.load_turn(rt.sessions, turn_id)
     if info is None:
@@ -128,7 +129,13 @@ def run_turn(rt: Runtime, turn_id: str) -> str:
     if info.status in FINISHED_TURN_STATUSES:
         _start_next(rt, info.conversation_id)  # in case the runner died before doing it
         return "finished"
-    if store.earlier_turn_unfinished(rt.sessions, info):
+    earlier = store.earlier_unfinished_turns(rt.sessions, info)
+    if earlier:
+        for turn_id_before in earlier:
+            # A parked turn interrupted by this one (busy policy ``interrupt``) has nobody
+            # listening for its cancel: wake it, so it ends and enqueues this one.
+            if store.ready_to_continue(rt.sessions, turn_id_before):
+                rt.enqueue_turn(turn_id_before)
         return "waiting"  # the earlier turn enqueues this one when it ends
     lease = TurnLease(rt.redis, rt.keys.turn_lease(turn_id), rt.settings.lease_s)
     if not lease.acquire():
@@ -659,7 +666,13 @@ class TurnRunner:
                 self.rt.dispatcher.revoke(in_flight)
             except Exception:  # revoking is best effort; the calls are already recorded
                 log.warning("turn %s: could not revoke %s", self.info.turn_id, in_flight)
-        turn = store.finish_turn(self.rt.sessions, self.info.turn_id, status, error)
+        turn = store.finish_turn(
+            self.rt.sessions,
+            self.info.turn_id,
+            status,
+            error,
+            usage_to=self.root_turn_id if self.child else None,  # the parent pays for its child
+        )
         if turn is not None:
             self.emit(
                 "turn_finished",

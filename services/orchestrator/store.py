@@ -99,20 +99,21 @@ def get_turn(sessions: Sessions, turn_id: str) -> Turn:
         return turn
 
 
-def earlier_turn_unfinished(sessions: Sessions, info: TurnInfo) -> bool:
-    """True while a turn before this one in the conversation has not finished."""
+def earlier_unfinished_turns(sessions: Sessions, info: TurnInfo) -> list[str]:
+    """The turns before this one in the conversation that have not finished, oldest first."""
     with sessions() as s:
-        found = s.scalar(
-            select(func.count())
-            .select_from(Turn)
-            .where(
-                Turn.conversation_id == info.conversation_id,
-                Turn.seq < info.seq,
-                Turn.status.not_in(FINISHED_TURN_STATUSES),
-                Turn.parent_call_id.is_(None),  # a child turn belongs to its parent's run
+        return list(
+            s.scalars(
+                select(Turn.id)
+                .where(
+                    Turn.conversation_id == info.conversation_id,
+                    Turn.seq < info.seq,
+                    Turn.status.not_in(FINISHED_TURN_STATUSES),
+                    Turn.parent_call_id.is_(None),  # a child turn belongs to its parent's run
+                )
+                .order_by(Turn.seq)
             )
         )
-        return bool(found)
 
 
 def next_queued_turn(sessions: Sessions, conversation_id: str) -> str | None:
@@ -340,10 +341,17 @@ def cancel_requested(sessions: Sessions, turn_id: str) -> bool:
         return bool(s.scalar(select(Turn.cancel_requested).where(Turn.id == turn_id)))
 
 
-def finish_turn(sessions: Sessions, turn_id: str, status: str, error: str | None) -> Turn | None:
+def finish_turn(
+    sessions: Sessions,
+    turn_id: str,
+    status: str,
+    error: str | None,
+    usage_to: str | None = None,
+) -> Turn | None:
     """Mark the turn finished; None if it already was (someone else finished it).
 
     Child turns of its spawn_agent calls that did not end (their runner died) end with it.
+    ``usage_to``: a parent turn that is charged this (child) turn's usage, once.
     """
     with sessions() as s, s.begin():
         turn = s.get(Turn, turn_id)
@@ -352,6 +360,10 @@ def finish_turn(sessions: Sessions, turn_id: str, status: str, error: str | None
         turn.status = status
         turn.error = error
         turn.finished_at = utcnow()
+        parent = s.get(Turn, usage_to) if usage_to is not None else None
+        if parent is not None:
+            parent.input_tokens += turn.input_tokens
+            parent.output_tokens += turn.output_tokens
         s.execute(
             update(Turn)
             .where(

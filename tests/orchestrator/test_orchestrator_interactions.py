@@ -337,3 +337,20 @@ def test_a_client_cannot_stand_in_for_a_server_tool(harness: Harness) -> None:
     [started] = _data(h, "tool_call_started")
     assert started["executor"] == "server"
     assert _status(h, turn_id) == "completed"
+
+
+def test_a_parked_turn_interrupted_by_a_new_one_is_woken_to_end(harness: Harness) -> None:
+    h = harness
+    h.catalogue(spec("run_python", mode="confirm"))
+    h.model.steps = [say("Running.", use("run_python", code="1")), say("The new answer.")]
+    first = h.turn("compute", seq=1)
+    assert h.run(first) == "parked"
+    second = h.turn("never mind, something else", seq=2)
+    with h.sessions() as s, s.begin():  # what the gateway's busy policy "interrupt" does
+        s.get(Turn, first).cancel_requested = True  # type: ignore[union-attr]
+
+    assert h.run(second) == "waiting"
+    assert h.enqueued == [first], "nobody listens to a parked turn's cancel: it is woken"
+    assert h.run(first) == "cancelled"
+    assert h.enqueued == [first, second]
+    assert h.run(second) == "completed"

@@ -102,7 +102,8 @@ def deployment(
                 ),
             },
         )
-        commands = ServiceCommands(tools_concurrency=4, orchestrator_concurrency=4)
+        # 6 slots: cancelled turns of the busy-policy tests leave calls running to their limit.
+        commands = ServiceCommands(tools_concurrency=6, orchestrator_concurrency=4)
         orchestrator = Child(
             "orchestrator",
             commands.orchestrator("orch-real@%h"),
