@@ -244,7 +244,14 @@ def test_shared_workspaces_volume(services: dict[str, dict[str, Any]]) -> None:
         assert any(v.endswith(":" + root) for v in services[name]["volumes"]), name
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/operations.md"])
-def test_configuration_tables_match_the_settings(doc: str) -> None:
-    rows = re.findall(r"^\| `((?:SIGNALBOX|ANTHROPIC)_\w+)` \|", (ROOT / doc).read_text(), re.M)
-    assert set(rows) == _known_settings(), f"{doc}'s configuration table is out of date"
+def _table_rows(doc: str) -> set[str]:
+    return set(re.findall(r"^\| `((?:SIGNALBOX|ANTHROPIC)_\w+)` \|", (ROOT / doc).read_text(), re.M))
+
+
+def test_the_operations_guide_lists_every_setting() -> None:
+    assert _table_rows("docs/operations.md") == _known_settings(), "its table is out of date"
+
+
+def test_the_readme_lists_only_real_settings() -> None:
+    rows = _table_rows("README.md")
+    assert rows and rows <= _known_settings(), rows - _known_settings()
