@@ -84,6 +84,9 @@ class OrchestratorSettings(CommonSettings):
     )
     tool_grace_s: float = 5.0  # beyond a tool's own limit before the orchestrator calls it lost
     lease_s: float = 30.0
+    # A turn whose runner died this many times in a row (a poison message: each delivery
+    # kills its worker) is failed on the next delivery instead of run again.
+    max_turn_deliveries: int = Field(default=3, ge=1)
     # Tool-approval policy (services/orchestrator/policy.py): a JSON or TOML file, and/or JSON
     # here; the environment's rules apply after the file's. A broken policy stops start-up.
     tool_policy_file: Path | None = None

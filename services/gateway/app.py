@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
-from services.gateway import ws
+from services.gateway import redaction, ws
 from services.gateway.errors import GatewayError
 from services.gateway.routes import (
     conversations,
@@ -29,6 +29,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     """The gateway app; settings are read from ``SIGNALBOX_*`` once, here."""
     settings = settings or load(GatewaySettings)
     logging.getLogger("services.gateway").setLevel(settings.log_level)
+    redaction.install()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -42,7 +43,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app = FastAPI(title="Signalbox gateway", lifespan=lifespan)
 
     @app.exception_handler(GatewayError)
-    async def _gateway_error(_request: Request, exc: GatewayError) -> JSONResponse:
+    async def _gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
+        request.app.state.gateway.metrics.errors.labels(exc.code).inc()
         return JSONResponse({"detail": exc.message, "code": exc.code}, exc.http_status)
 
     for router in (

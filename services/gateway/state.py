@@ -6,7 +6,7 @@ Built once by the app's lifespan and reached from routes through ``deps.GatewayD
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import anyio.to_thread
@@ -16,6 +16,7 @@ from celery import Celery
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from services.gateway.metrics import GatewayMetrics
 from services.gateway.relay import RELAY_SOCKET_TIMEOUT_S, RelayHub
 from shared.celery_app import ORCHESTRATOR_QUEUE, RUN_TURN_TASK, make_celery
 from shared.db import make_engine, make_session_factory
@@ -39,6 +40,7 @@ class Gateway:
     http: httpx.AsyncClient
     events: AsyncEventStream
     hub: RelayHub
+    metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
 
     @classmethod
     def build(cls, settings: GatewaySettings) -> Gateway:

@@ -57,4 +57,9 @@ async def websocket_endpoint(websocket: WebSocket) -> None:
         await websocket.close(code=POLICY_VIOLATION)
         return
     await websocket.accept()
-    await WsSession(gateway, websocket, user_id).run()
+    connections = gateway.metrics.connections.labels("ws")
+    connections.inc()
+    try:
+        await WsSession(gateway, websocket, user_id).run()
+    finally:
+        connections.dec()

@@ -11,14 +11,15 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import redis.exceptions
 from pydantic import BaseModel
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from services.gateway import proposals_client, tool_decisions, turns
-from services.gateway.errors import BadInput, GatewayError, RateLimited, ReplayGapError, Unavailable
+from services.gateway import interactions, proposals_client, tool_decisions, turns
+from services.gateway.errors import BadInput, GatewayError, RateLimited, ReplayGapError
 from services.gateway.ownership import owned_conversation
 from services.gateway.rate_limit import allow
 from services.gateway.relay import Subscription
@@ -47,9 +48,27 @@ from shared.protocol import (
 
 log = logging.getLogger(__name__)
 
+GOING_AWAY = 1001  # the client sent nothing for ``ws_idle_timeout_s``
 MESSAGE_TOO_BIG = 1009
 TRY_AGAIN_LATER = 1013  # a reader too slow for its queue
 INTERNAL_ERROR = 1011
+
+
+def event_age_s(event: Event) -> float:
+    """Seconds since ``event.ts`` (0 if the timestamp cannot be read)."""
+    try:
+        ts = datetime.fromisoformat(event.ts)
+    except ValueError:
+        return 0.0
+    return max(0.0, (datetime.now(UTC) - ts).total_seconds())
+
+
+@dataclass
+class _Live:
+    """A writer job: one live event (counted for the relay latency)."""
+
+    event: Event
+    text: str
 
 
 @dataclass
@@ -68,7 +87,7 @@ class WsSession:
         self.gateway = gateway
         self.websocket = websocket
         self.user_id = user_id
-        self.queue: asyncio.Queue[str | _CatchUp] = asyncio.Queue(
+        self.queue: asyncio.Queue[str | _Live | _CatchUp] = asyncio.Queue(
             maxsize=gateway.settings.client_queue_size
         )
         self.subscriptions: dict[str, Subscription] = {}
@@ -106,11 +125,12 @@ class WsSession:
         """Close the socket with ``code`` (the first reason wins)."""
         if self.close_code is None:
             self.close_code = code
+            self.gateway.metrics.closes.labels(str(code)).inc()
         self._closing.set()
 
     # -- outgoing --------------------------------------------------------------------------
 
-    def _put(self, item: str | _CatchUp) -> None:
+    def _put(self, item: str | _Live | _CatchUp) -> None:
         try:
             self.queue.put_nowait(item)
         except asyncio.QueueFull:
@@ -122,10 +142,11 @@ class WsSession:
 
     def send_error(self, req: str | None, code: ErrorCode, message: str) -> None:
         """Queue an ``error`` reply."""
+        self.gateway.metrics.errors.labels(code).inc()
         self.send(ErrorFrame(req=req, code=code, message=message))
 
-    def _deliver(self, _event: Event, text: str) -> None:
-        self.queue.put_nowait(text)  # QueueFull is the subscription's to handle
+    def _deliver(self, event: Event, text: str) -> None:
+        self.queue.put_nowait(_Live(event, text))  # QueueFull is the subscription's to handle
 
     def _overflow(self) -> None:
         log.warning("closing a websocket of user %s: its queue is full", self.user_id)
@@ -141,20 +162,25 @@ class WsSession:
                 continue
             if isinstance(item, str):
                 await self.websocket.send_text(item)
+            elif isinstance(item, _Live):
+                await self.websocket.send_text(item.text)
+                metrics = self.gateway.metrics
+                metrics.events_relayed.labels(item.event.kind).inc()
+                metrics.relay_latency.observe(event_age_s(item.event))
             else:
                 await self._catch_up(item)
 
     async def _catch_up(self, job: _CatchUp) -> None:
         subscription = job.subscription
         try:
-            async for _event, text in subscription.catch_up(
-                job.first_page, self.gateway.hub.stream
-            ):
+            async for event, text in subscription.catch_up(job.first_page, self.gateway.hub.stream):
                 await self.websocket.send_text(text)
+                self.gateway.metrics.events_relayed.labels(event.kind).inc()
         except (ReplayGap, redis.exceptions.RedisError) as exc:
             # Trimmed or unreachable mid-replay: the client must resubscribe (or reload).
             self._drop(subscription)
             code: ErrorCode = "replay_gap" if isinstance(exc, ReplayGap) else "unavailable"
+            self.gateway.metrics.errors.labels(code).inc()
             frame = ErrorFrame(
                 req=job.req,
                 code=code,
@@ -176,8 +202,14 @@ class WsSession:
         return isinstance(raw, str) and len(raw) * 4 > limit and len(raw.encode()) > limit
 
     async def _read_loop(self) -> None:
+        idle_s = self.gateway.settings.ws_idle_timeout_s
         while True:
-            message = await self.websocket.receive()
+            try:
+                # Only what the client sends counts: the server's heartbeats keep nothing open.
+                message = await asyncio.wait_for(self.websocket.receive(), idle_s)
+            except TimeoutError:
+                self.request_close(GOING_AWAY)
+                return
             if message["type"] == "websocket.disconnect":
                 return
             raw: str | bytes | None = message.get("text")
@@ -195,8 +227,10 @@ class WsSession:
         try:
             frame = parse_client_frame(raw)
         except FrameError as exc:
+            self.gateway.metrics.frame(None)
             self.send_error(exc.req, exc.code, exc.message)
             return
+        self.gateway.metrics.frame(frame.type)
         try:
             per_minute = self.gateway.settings.rate_limit_per_minute
             if not await allow(self.gateway.redis, self.gateway.keys, self.user_id, per_minute):
@@ -220,6 +254,9 @@ class WsSession:
             case Subscribe():
                 await self.subscribe(frame.conversation_id, frame.after, Ack(req=frame.req))
             case Unsubscribe():
+                await self.gateway.db(
+                    lambda s: owned_conversation(s, user_id, frame.conversation_id)
+                )
                 subscription = self.subscriptions.get(frame.conversation_id)
                 if subscription is not None:
                     self._drop(subscription)
@@ -244,8 +281,16 @@ class WsSession:
                         {"proposal_id": frame.proposal_id, "status": proposal.get("status")},
                     )
                 )
-            case Answer() | ClientToolResult():
-                raise Unavailable(f"{frame.type!r} frames are not supported by this gateway yet")
+            case Answer():
+                result = await interactions.answer_question(
+                    gateway, user_id, frame.question_id, frame.text
+                )
+                self.send(_ack(frame.req, result))
+            case ClientToolResult():
+                result = await interactions.client_tool_result(
+                    gateway, user_id, frame.call_id, frame.token, frame.output, frame.is_error
+                )
+                self.send(_ack(frame.req, result))
 
     async def subscribe(self, conversation_id: str, after: str | None, ack: Ack) -> None:
         """Reply ``ack``, then every stored event after ``after``, then live events."""

@@ -16,10 +16,13 @@ import pytest
 import redis
 import uvicorn
 import websockets
+from sqlalchemy.orm import Session, sessionmaker
 from websockets.asyncio.client import ClientConnection
 
 from services.gateway.app import create_app
 from shared.celery_app import ORCHESTRATOR_QUEUE
+from shared.db import Conversation
+from shared.ids import new_id
 from shared.redis_keys import RedisKeys
 from shared.settings import GatewaySettings
 from signalbox.redis_server import free_port
@@ -117,6 +120,20 @@ def start_gateway(
     yield start
     for gateway in started:
         gateway.stop()
+
+
+@pytest.fixture
+def conversation_of(db_sessions: sessionmaker[Session]) -> Callable[[str], str]:
+    """A factory: a new conversation of ``user_id`` (no events yet)."""
+
+    def make(user_id: str) -> str:
+        with db_sessions() as session:
+            conversation = Conversation(id=new_id("conv"), user_id=user_id, workspace="default")
+            session.add(conversation)
+            session.commit()
+            return conversation.id
+
+    return make
 
 
 @pytest.fixture

@@ -11,14 +11,11 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from sqlalchemy.orm import Session, sessionmaker
 
 from services.gateway.relay import Subscription
 from services.gateway.state import Gateway
-from shared.db import Conversation
 from shared.event_stream import EventStream
 from shared.events import Event, utc_now
-from shared.ids import new_id
 from tests.gateway.conftest import (
     LiveGateway,
     bearer,
@@ -29,20 +26,6 @@ from tests.gateway.conftest import (
 )
 
 Users = Callable[[], tuple[str, str]]
-
-
-@pytest.fixture
-def conversation_of(db_sessions: sessionmaker[Session]) -> Callable[[str], str]:
-    """A factory: a new conversation of ``user_id`` (no events yet)."""
-
-    def make(user_id: str) -> str:
-        with db_sessions() as session:
-            conversation = Conversation(id=new_id("conv"), user_id=user_id, workspace="default")
-            session.add(conversation)
-            session.commit()
-            return conversation.id
-
-    return make
 
 
 def _deltas(stream: EventStream, conversation_id: str, texts: list[str]) -> list[str]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Callable
 
 import pytest
@@ -63,13 +65,13 @@ async def test_frame_over_max_size_closes_with_1009(
         assert closed.value.rcvd.code == 1009
 
 
-async def test_not_yet_supported_frames_answer_unavailable(
+async def test_an_answer_to_an_unknown_question_is_not_found(
     gateway: LiveGateway, make_user: Callable[[], tuple[str, str]]
 ) -> None:
     _, token = make_user()
     async with await connect(gateway, token) as ws:
         reply = await request(ws, {"type": "answer", "question_id": "q", "text": "yes"})
-        assert (reply["type"], reply["code"]) == ("error", "unavailable")
+        assert (reply["type"], reply["code"]) == ("error", "not_found")
 
 
 async def test_idle_socket_gets_heartbeats(
@@ -92,3 +94,34 @@ async def test_frames_over_the_rate_limit_are_refused(
         replies = [await request(ws, {"type": "ping"}) for _ in range(4)]
         assert [r["type"] for r in replies[:3]] == ["pong"] * 3
         assert (replies[3]["type"], replies[3]["code"]) == ("error", "rate_limited")
+
+
+async def test_a_socket_whose_client_sends_nothing_is_closed_1001(
+    start_gateway: Callable[..., LiveGateway], make_user: Callable[[], tuple[str, str]]
+) -> None:
+    """Server heartbeats flow all along, yet only the client's own frames keep it open."""
+    gateway = start_gateway(heartbeat_s=0.1, ws_idle_timeout_s=0.6)
+    _, token = make_user()
+    async with await connect(gateway, token) as ws:
+        heartbeats = 0
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            while True:
+                frame = json.loads(await asyncio.wait_for(ws.recv(), 5.0))
+                assert frame["type"] == "heartbeat"
+                heartbeats += 1
+        assert heartbeats >= 2
+        assert closed.value.rcvd is not None
+        assert closed.value.rcvd.code == 1001
+
+
+async def test_a_client_that_keeps_talking_is_not_idle(
+    start_gateway: Callable[..., LiveGateway], make_user: Callable[[], tuple[str, str]]
+) -> None:
+    gateway = start_gateway(ws_idle_timeout_s=0.5)
+    _, token = make_user()
+    async with await connect(gateway, token) as ws:
+        started = time.monotonic()
+        while time.monotonic() - started < 1.5:  # three idle timeouts' worth of time
+            assert (await request(ws, {"type": "ping"}))["type"] == "pong"
+            await asyncio.sleep(0.2)  # the client's own pace, well inside the timeout
+        assert (await request(ws, {"type": "ping"}))["type"] == "pong"

@@ -108,10 +108,12 @@ async def stream_events(
     """Stored then live events as Server-Sent Events; resumes from ``Last-Event-ID``."""
     start = _checked_after(last_event_id or after)
     await gateway.db(lambda s: owned_conversation(s, user.id, conversation_id))
-    queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=gateway.settings.client_queue_size)
+    queue: asyncio.Queue[tuple[str, str] | None] = asyncio.Queue(
+        maxsize=gateway.settings.client_queue_size
+    )
 
     def deliver(event: Event, text: str) -> None:
-        queue.put_nowait(_sse(event.id, text))
+        queue.put_nowait((event.kind, _sse(event.id, text)))
 
     def overflow() -> None:
         # Too slow a reader: drop what is queued and end the stream; it resumes by id.
@@ -124,9 +126,13 @@ async def stream_events(
     except ReplayGap:
         raise _gap(conversation_id, start) from None
 
+    metrics = gateway.metrics
+
     async def body() -> AsyncIterator[str]:
+        metrics.connections.labels("sse").inc()
         try:
             async for event, text in subscription.catch_up(page, gateway.hub.stream):
+                metrics.events_relayed.labels(event.kind).inc()
                 yield _sse(event.id, text)
             while True:
                 try:
@@ -136,8 +142,10 @@ async def stream_events(
                     continue
                 if item is None:
                     return
-                yield item
+                metrics.events_relayed.labels(item[0]).inc()
+                yield item[1]
         finally:
+            metrics.connections.labels("sse").dec()
             gateway.hub.unsubscribe(subscription)
 
     return StreamingResponse(

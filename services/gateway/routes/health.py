@@ -1,15 +1,16 @@
-"""Liveness and readiness."""
+"""Liveness, readiness and Prometheus metrics."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from services.gateway.deps import GatewayDep
+from services.gateway.metrics import CONTENT_TYPE
 
 router = APIRouter()
 log = logging.getLogger(__name__)
@@ -43,3 +44,14 @@ async def readyz(gateway: GatewayDep) -> JSONResponse:
         checks["sql"] = "unavailable"
     ok = all(v == "ok" for v in checks.values())
     return JSONResponse({"status": "ok" if ok else "unavailable", **checks}, 200 if ok else 503)
+
+
+@router.get("/metrics")
+async def metrics(gateway: GatewayDep) -> Response:
+    """Prometheus text format; turn counts are read from SQL at each scrape."""
+    try:
+        await gateway.db(gateway.metrics.refresh_turns)
+    except Exception as exc:
+        # A scrape during an SQL outage still reports the process's own metrics.
+        log.warning("metrics: turn counts unavailable: %r", exc)
+    return Response(gateway.metrics.render(), media_type=CONTENT_TYPE)

@@ -1,17 +1,28 @@
 // Signalbox web UI: one WebSocket, one conversation at a time, no build step.
+// Every event is rendered once as it arrives; after a drop the socket resubscribes with the
+// last event id it saw, so the server replays exactly what was missed.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
+const el = (tag, cls, text) => {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text !== undefined && text !== null) e.textContent = text;
+  return e;
+};
+
 const state = {
   token: null,
   ws: null,
   conversationId: null,
   lastEventId: {},       // conversation id -> last event id seen (resubscribe after reconnect)
   currentTurn: null,     // turn id that can be cancelled
-  streaming: null,       // element receiving text_delta of the current model step
-  tools: {},             // call id -> {li, started}
+  turns: {},             // turn id -> rendered turn (see turnView)
+  tools: {},             // call id -> rendered tool call (see toolView)
   awaitingNew: false,    // a user_turn without a conversation is on its way
+  everOnline: false,     // distinguishes "connecting" from "reconnecting"
   retryMs: 500,
+  retryTimer: null,
   seq: 0,
 };
 
@@ -45,10 +56,17 @@ function askToken() {
 
 // -- WebSocket -----------------------------------------------------------------------------
 
-function setConn(label) { const c = $("conn"); c.textContent = label; c.className = `badge ${label}`; }
+function setConn(label) {
+  const c = $("conn");
+  c.textContent = label;
+  c.className = `badge ${label}`;
+  document.body.dataset.conn = label;
+}
 
 async function connect() {
-  setConn("connecting");
+  clearTimeout(state.retryTimer);
+  state.retryTimer = null;
+  setConn(state.everOnline ? "reconnecting" : "connecting");
   let ticket;
   try {
     ticket = (await api("POST", "/api/ws-tickets")).ticket;
@@ -58,17 +76,28 @@ async function connect() {
   state.ws = ws;
   ws.onopen = () => {
     setConn("online");
+    state.everOnline = true;
     state.retryMs = 500;
     if (state.conversationId) subscribe(state.conversationId);
   };
   ws.onmessage = (msg) => onFrame(JSON.parse(msg.data));
-  ws.onclose = () => { setConn("offline"); if (state.ws === ws) scheduleReconnect(); };
+  ws.onclose = () => {
+    if (state.ws !== ws) return;
+    state.ws = null;
+    setConn("reconnecting");
+    scheduleReconnect();
+  };
 }
 
 function scheduleReconnect() {
-  setTimeout(connect, state.retryMs);
-  state.retryMs = Math.min(state.retryMs * 2, 10000);
+  if (state.retryTimer) return;
+  setConn(state.everOnline ? "reconnecting" : "offline");
+  state.retryTimer = setTimeout(() => { state.retryTimer = null; connect(); }, state.retryMs);
+  state.retryMs = Math.min(state.retryMs * 2, 5000);
 }
+
+// Back online: try now rather than at the end of the back-off.
+window.addEventListener("online", () => { if (!state.ws) { state.retryMs = 500; connect(); } });
 
 function send(frame) {
   if (!state.ws || state.ws.readyState !== WebSocket.OPEN) { note("not connected; try again"); return null; }
@@ -81,7 +110,7 @@ function subscribe(conversationId) {
   send({ type: "subscribe", conversation_id: conversationId, after: state.lastEventId[conversationId] || null });
 }
 
-// -- frames and events ---------------------------------------------------------------------
+// -- frames --------------------------------------------------------------------------------
 
 function onFrame(f) {
   if (f.type === "event") return onEvent(f);
@@ -105,115 +134,252 @@ function onEvent(e) {
   }
   if (e.conversation_id !== state.conversationId) return;
   state.lastEventId[e.conversation_id] = e.id;
+  logEvent(e);
   const d = e.data;
+  const turn = e.turn_id ? turnView(e.turn_id) : null;
   switch (e.kind) {
-    case "turn_queued": bubble("user", d.text); state.currentTurn = e.turn_id; $("cancel").disabled = false; break;
-    case "turn_started": case "turn_resumed": state.currentTurn = e.turn_id; $("cancel").disabled = false; state.streaming = null; break;
+    case "turn_queued":
+      turn.user.textContent = d.text;
+      setTurnStatus(turn, "queued");
+      setCurrent(e.turn_id);
+      break;
+    case "turn_started":
+      turn.startedTs = turn.startedTs || e.ts;
+      turn.model = d.model;
+      setTurnStatus(turn, "running");
+      setCurrent(e.turn_id);
+      turn.streaming = null;
+      break;
+    case "turn_resumed":
+      // Deltas of the interrupted step are void; the step is streamed again.
+      if (turn.streaming) turn.streaming.remove();
+      turn.streaming = null;
+      turnNote(turn, `resumed at step ${d.step} after its runner stopped`);
+      setTurnStatus(turn, "running");
+      break;
     case "text_delta":
-      if (!state.streaming) state.streaming = bubble("assistant", "");
-      state.streaming.textContent += d.text;
+      if (!turn.streaming) turn.streaming = turnItem(turn, el("div", "msg assistant streaming"));
+      turn.streaming.textContent += d.text;
       break;
     case "assistant_message":
-      (state.streaming || bubble("assistant", "")).textContent = d.text;
-      state.streaming = null;
+      (turn.streaming || turnItem(turn, el("div", "msg assistant"))).textContent = d.text;
+      if (turn.streaming) turn.streaming.classList.remove("streaming");
+      turn.streaming = null;
       break;
-    case "tool_call_started": toolRow(d.call_id, d.tool, "running", d.input); break;
-    case "tool_call_needs_decision": toolRow(d.call_id, d.tool, "needs_decision", d.input, true); break;
-    case "tool_call_decided": toolRow(d.call_id, null, d.decision === "allow" ? "running" : "denied"); break;
-    case "tool_call_finished": toolRow(d.call_id, d.tool, d.status, null, false, d.duration_ms); break;
-    case "proposal_created": showProposal(d.proposal_id); break;
-    case "proposal_resolved": proposalStatus(d.proposal_id, d.status); break;
-    case "question": note(`the agent asks: ${d.text}`); break;
+    case "tool_call_started":
+      toolUpdate(turn, d.call_id, { tool: d.tool, input: d.input, status: "running", startedTs: e.ts, executor: d.executor });
+      break;
+    case "tool_call_needs_decision":
+      toolUpdate(turn, d.call_id, { tool: d.tool, input: d.input, status: "needs_decision", expiresAt: d.expires_at });
+      break;
+    case "tool_call_decided":
+      toolUpdate(turn, d.call_id, { status: d.decision === "allow" ? "allowed" : "denied" });
+      break;
+    case "tool_call_finished":
+      toolUpdate(turn, d.call_id, { tool: d.tool, status: d.status, output: d.output, error: d.error, durationMs: d.duration_ms });
+      break;
+    case "proposal_created":
+      turnNote(turn, `proposed ${d.files.map((f) => `${f.operation} ${f.path}`).join(", ")}: see Pending changes`);
+      showProposal(d.proposal_id);
+      break;
+    case "proposal_resolved":
+      showProposal(d.proposal_id);
+      if (turn) turnNote(turn, `proposal ${d.status}`);
+      break;
+    case "question": questionView(turn, d); break;
+    case "question_answered": answered(d.question_id); break;
     case "turn_finished":
-      note(`turn ${d.status}${d.error ? ": " + d.error : ""}`);
-      state.streaming = null;
-      if (state.currentTurn === e.turn_id) { state.currentTurn = null; $("cancel").disabled = true; }
+      turn.streaming = null;
+      turn.finished = { status: d.status, usage: d.usage || {}, error: d.error, ts: e.ts };
+      setTurnStatus(turn, d.status);
+      if (state.currentTurn === e.turn_id) setCurrent(null);
       break;
   }
 }
 
-// -- rendering -----------------------------------------------------------------------------
-
-function bubble(role, text) {
-  const div = document.createElement("div");
-  div.className = `msg ${role}`;
-  div.textContent = text;
-  $("transcript").appendChild(div);
-  div.scrollIntoView({ block: "end" });
-  return div;
+function setCurrent(turnId) {
+  state.currentTurn = turnId;
+  $("cancel").disabled = !turnId;
 }
 
-function note(text) { bubble("note", text); }
+// -- the turn timeline ---------------------------------------------------------------------
 
-function toolRow(callId, tool, status, input, needsDecision, durationMs) {
-  let t = state.tools[callId];
-  if (!t) {
-    const li = document.createElement("li");
-    $("tools").prepend(li);
-    t = state.tools[callId] = { li, tool, input, started: Date.now() };
+function turnView(turnId) {
+  let t = state.turns[turnId];
+  if (t) return t;
+  const section = el("section", "turn");
+  section.dataset.turnId = turnId;
+  const user = el("div", "msg user");
+  const body = el("div", "turn-body");
+  const summary = el("div", "turn-summary");
+  section.append(user, body, summary);
+  $("transcript").append(section);
+  t = state.turns[turnId] = { id: turnId, section, user, body, summary, streaming: null, tools: [], status: null };
+  return t;
+}
+
+function turnItem(turn, node) {
+  turn.body.append(node);
+  node.scrollIntoView({ block: "end" });
+  return node;
+}
+
+function turnNote(turn, text) {
+  if (!turn) return note(text);
+  turnItem(turn, el("div", "msg note", text));
+}
+
+function seconds(fromTs, toTs) {
+  const ms = Date.parse(toTs) - Date.parse(fromTs);
+  return Number.isFinite(ms) ? `${(ms / 1000).toFixed(1)} s` : "";
+}
+
+function setTurnStatus(turn, status) {
+  turn.status = status;
+  turn.section.dataset.status = status;
+  const parts = [];
+  const tools = turn.tools.map((id) => state.tools[id].tool);
+  parts.push(tools.length ? `${tools.length} tool${tools.length > 1 ? "s" : ""} (${[...new Set(tools)].join(", ")})` : "no tools");
+  if (turn.finished) {
+    if (turn.startedTs) parts.push(seconds(turn.startedTs, turn.finished.ts));
+    const u = turn.finished.usage;
+    parts.push(`${(u.input_tokens || 0) + (u.output_tokens || 0)} tokens (${u.input_tokens || 0} in, ${u.output_tokens || 0} out)`);
+    if (turn.finished.error) parts.push(turn.finished.error);
   }
-  if (tool) t.tool = tool;
-  if (input) t.input = input;
-  const duration = durationMs != null ? ` ${durationMs} ms` : "";
-  t.li.innerHTML = "";
-  t.li.append(badge(status), ` ${t.tool || "?"}${duration} `);
-  const code = document.createElement("code");
-  code.textContent = JSON.stringify(t.input || {}).slice(0, 160);
-  t.li.append(document.createElement("br"), code);
-  if (needsDecision) {
+  turn.summary.innerHTML = "";
+  turn.summary.append(badge(status), " " + parts.join(" · "));
+}
+
+function toolView(turn, callId) {
+  let t = state.tools[callId];
+  if (t) return t;
+  const details = el("details", "tool");
+  details.dataset.callId = callId;
+  details.dataset.statuses = "";
+  const head = el("summary");
+  const body = el("div", "tool-body");
+  details.append(head, body);
+  turnItem(turn, details);
+  t = state.tools[callId] = { callId, turn, details, head, body, tool: "?", input: {}, status: null };
+  turn.tools.push(callId);
+  return t;
+}
+
+function toolUpdate(turn, callId, change) {
+  const t = toolView(turn, callId);
+  Object.assign(t, Object.fromEntries(Object.entries(change).filter(([, v]) => v !== undefined)));
+  if (change.status && change.status !== t.lastStatus) {
+    // The history of badges (e.g. "running ok"), so a fast call's transitions stay visible.
+    t.details.dataset.statuses = `${t.details.dataset.statuses} ${change.status}`.trim();
+    t.lastStatus = change.status;
+  }
+  t.details.dataset.status = t.status;
+  t.head.innerHTML = "";
+  const duration = t.durationMs != null ? `${t.durationMs} ms` : "";
+  t.head.append(badge(t.status), " ", el("b", null, t.tool), " ", el("span", "duration", duration));
+  if (t.status === "needs_decision") {
     for (const decision of ["allow", "deny"]) {
-      const b = document.createElement("button");
-      b.textContent = decision;
-      b.onclick = () => send({ type: "decide_tool", call_id: callId, decision });
-      t.li.append(" ", b);
+      const b = el("button", `decide ${decision}`, decision === "allow" ? "Allow" : "Deny");
+      b.onclick = (ev) => { ev.preventDefault(); send({ type: "decide_tool", call_id: callId, decision }); };
+      t.head.append(" ", b);
     }
   }
+  t.body.innerHTML = "";
+  t.body.append(el("div", "label", "input"), el("pre", "io input", JSON.stringify(t.input || {}, null, 2)));
+  if (t.output != null || t.error) {
+    t.body.append(el("div", "label", "output"), el("pre", "io output", t.output || ""));
+    if (t.error) t.body.append(el("div", "label", "error"), el("pre", "io error", t.error));
+  }
+  setTurnStatus(turn, turn.status || "running");
 }
 
-function badge(status) {
-  const s = document.createElement("span");
-  s.className = `badge ${status}`;
-  s.textContent = status;
-  return s;
+function questionView(turn, d) {
+  const box = el("div", "question");
+  box.id = `question-${d.question_id}`;
+  box.append(el("div", "q-text", `The agent asks: ${d.text}`));
+  const answer = (text) => send({ type: "answer", question_id: d.question_id, text });
+  if (d.options && d.options.length) {
+    for (const option of d.options) {
+      const b = el("button", "option", option);
+      b.onclick = () => answer(option);
+      box.append(b, " ");
+    }
+  } else {
+    const form = el("form");
+    const input = el("input");
+    input.placeholder = "your answer";
+    form.append(input, el("button", null, "Answer"));
+    form.onsubmit = (ev) => { ev.preventDefault(); if (input.value.trim()) answer(input.value.trim()); };
+    box.append(form);
+  }
+  turnItem(turn, box);
 }
+
+function answered(questionId) {
+  const box = document.getElementById(`question-${questionId}`);
+  if (!box) return;
+  box.classList.add("answered");
+  for (const control of box.querySelectorAll("button, input")) control.disabled = true;
+}
+
+// -- rendering helpers ---------------------------------------------------------------------
+
+function note(text) {
+  const div = el("div", "msg note", text);
+  $("transcript").append(div);
+  div.scrollIntoView({ block: "end" });
+}
+
+function badge(status) { return el("span", `badge ${status}`, status); }
+
+function logEvent(e) {
+  const li = el("li", null, `${e.id} ${e.kind}`);
+  li.dataset.eventId = e.id;
+  li.dataset.kind = e.kind;
+  $("events").append(li);
+  $("event-count").textContent = String($("events").children.length);
+}
+
+// -- pending changes -----------------------------------------------------------------------
 
 async function showProposal(id) {
   let p;
   try { p = await api("GET", `/api/proposals/${encodeURIComponent(id)}`); } catch (e) { return note(`proposal ${id}: ${e.message}`); }
   let box = document.getElementById(`proposal-${id}`);
   if (!box) {
-    box = document.createElement("div");
-    box.className = "proposal";
+    box = el("div", "proposal");
     box.id = `proposal-${id}`;
     $("proposals").prepend(box);
   }
+  box.dataset.status = p.status;
   box.innerHTML = "";
-  const head = document.createElement("div");
-  head.append(badge(p.status), ` ${p.summary || id}`);
+  const head = el("div", "proposal-head");
+  head.append(badge(p.status), " ", el("b", null, p.summary || id));
   box.append(head);
   for (const f of p.files || []) {
-    const title = document.createElement("div");
-    title.textContent = `${f.operation} ${f.path}`;
-    box.append(title, renderDiff(f.diff || ""));
+    const file = el("details", "file");
+    file.open = p.status === "pending";
+    file.append(el("summary", null, `${f.operation} ${f.path}`), renderDiff(f.diff || ""));
+    box.append(file);
   }
   if (p.status === "pending") {
+    const row = el("div", "row");
     for (const [label, decision] of [["Approve", "approve"], ["Reject", "reject"]]) {
-      const b = document.createElement("button");
-      b.textContent = label;
+      const b = el("button", decision, label);
       b.onclick = () => decideProposal(id, decision);
-      box.append(b, " ");
+      row.append(b);
     }
+    box.append(row);
   }
+  $("pending-count").textContent = String($("proposals").querySelectorAll('.proposal[data-status="pending"]').length);
 }
 
 function renderDiff(diff) {
-  const pre = document.createElement("pre");
-  pre.className = "diff";
+  const pre = el("pre", "diff");
   for (const line of diff.split("\n")) {
-    const span = document.createElement("span");
+    const span = el("span", null, line + "\n");
     if (line.startsWith("+") && !line.startsWith("+++")) span.className = "add";
     if (line.startsWith("-") && !line.startsWith("---")) span.className = "del";
-    span.textContent = line + "\n";
     pre.append(span);
   }
   return pre;
@@ -226,19 +392,13 @@ async function decideProposal(id, decision) {
   showProposal(id);
 }
 
-function proposalStatus(id, status) {
-  if (document.getElementById(`proposal-${id}`)) showProposal(id);
-  else note(`proposal ${id}: ${status}`);
-}
-
 function resetView() {
-  $("transcript").innerHTML = "";
-  $("tools").innerHTML = "";
-  $("proposals").innerHTML = "";
+  for (const id of ["transcript", "proposals", "events"]) $(id).innerHTML = "";
+  $("event-count").textContent = "0";
+  $("pending-count").textContent = "0";
+  state.turns = {};
   state.tools = {};
-  state.streaming = null;
-  state.currentTurn = null;
-  $("cancel").disabled = true;
+  setCurrent(null);
 }
 
 // -- conversations -------------------------------------------------------------------------
@@ -248,10 +408,9 @@ async function loadConversations() {
   const ul = $("conversations");
   ul.innerHTML = "";
   for (const c of list) {
-    const li = document.createElement("li");
-    li.textContent = c.title || c.conversation_id;
+    const li = el("li", c.conversation_id === state.conversationId ? "active" : "", c.title || c.conversation_id);
     li.title = `${c.workspace} · ${c.created_at}`;
-    if (c.conversation_id === state.conversationId) li.className = "active";
+    li.dataset.conversationId = c.conversation_id;
     li.onclick = () => openConversation(c.conversation_id);
     ul.append(li);
   }
@@ -289,6 +448,12 @@ $("token-form").onsubmit = (ev) => {
   ev.preventDefault();
   localStorage.setItem("signalbox-token", $("token-input").value.trim());
   location.reload();
+};
+
+// For tests and the curious: drop the socket as a network failure would.
+window.signalbox = {
+  state,
+  drop() { if (state.ws) state.ws.close(4000, "dropped by the page"); },
 };
 
 state.token = readToken();
