@@ -107,6 +107,7 @@ class ProposalCreated(_Data):
     proposal_id: str
     summary: str
     files: list[ProposalFileRef]
+    parent_id: str | None = None  # set on the part a partial approval split off
 
 
 class ProposalResolved(_Data):

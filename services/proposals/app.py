@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from services.proposals import outbox
+from services.proposals import outbox, recovery
 from services.proposals.context import ServiceContext
 from services.proposals.errors import ProposalError
 from services.proposals.routes import router
@@ -31,6 +31,11 @@ def create_app(settings: ProposalsSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # Files of an apply killed half-way go back to their old state before we serve.
+        try:
+            await run_in_threadpool(recovery.recover, ctx)
+        except Exception:
+            log.exception("apply journal recovery at start-up failed; the sweep retries it")
         # Decisions committed before a crash but never announced go out now.
         try:
             sent = await run_in_threadpool(outbox.relay, ctx)

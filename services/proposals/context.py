@@ -9,6 +9,7 @@ import redis
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from services.proposals import journal
 from shared.db import make_engine, make_session_factory
 from shared.event_stream import EventStream
 from shared.redis_keys import RedisKeys
@@ -53,6 +54,11 @@ class ServiceContext:
     def workspace(self, user_id: str, name: str) -> Path:
         """The directory of ``user_id``'s workspace ``name``."""
         return workspace_dir(self.settings.workspaces_root, user_id, name)
+
+    @property
+    def journal_root(self) -> Path:
+        """Where apply journals are kept: beside the users' directories, in no workspace."""
+        return journal.journal_root(self.settings.workspaces_root)
 
     def close(self) -> None:
         """Release connections."""

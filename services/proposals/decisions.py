@@ -3,8 +3,10 @@
 Every decision starts with ``UPDATE proposals ... WHERE status = 'pending'``; the one
 whose UPDATE changes the row wins, and holds the row's write lock until it commits, so a
 concurrent decider waits and then finds the winner's status. An approval applies the files
-while it holds that lock and commits the outcome with its outbox row; if the commit fails
-the files are restored. A loser answers with the winner's outcome.
+while it holds that lock (journalled first, ``journal.py``) and commits the outcome with its
+outbox row; if the commit fails the files are restored. A loser answers with the winner's
+outcome. Every winner first settles any journal a killed apply of this proposal left
+(``recovery.py``), so it decides on the workspace as it was before that approval.
 
 Approving only some files (``files`` on approve) splits the proposal, under that same lock:
 the chosen files move to a new child proposal (``parent_id`` = the original) that is born
@@ -24,9 +26,10 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from services.proposals import faults, git_info, outbox
+from services.proposals import faults, git_info, outbox, recovery
 from services.proposals.apply import (
     FileChange,
+    JournalSpec,
     PathRefused,
     StaleFiles,
     apply_changes,
@@ -100,6 +103,9 @@ def _decide(
     with ctx.sessions() as session:
         won = _claim(session, proposal_id, status, by, reason)
         if won:
+            # An apply killed half-way is undone before the decision, so a rejection or
+            # expiry leaves every file old, not the mix the crash left.
+            recovery.settle_locked(ctx, session, proposal_id)
             _record(session, proposal_id)
         session.commit()
     if won:
@@ -190,15 +196,16 @@ def _chosen(proposal: Proposal, paths: Sequence[str] | None) -> list[ProposalFil
 
 def _split(
     session: Session,
+    child_id: str,
     parent: Proposal,
     files: list[ProposalFile],
     outcome: str,
     why: str | None,
     by: str,
-) -> str:
-    """Move ``files`` into a new child proposal decided as ``outcome``; its id."""
+) -> None:
+    """Move ``files`` into a new child proposal ``child_id`` decided as ``outcome``."""
     child = Proposal(
-        id=new_id("prop"),
+        id=child_id,
         user_id=parent.user_id,
         conversation_id=parent.conversation_id,
         turn_id=parent.turn_id,
@@ -229,7 +236,6 @@ def _split(
     assert loaded is not None
     session.add(Outbox(topic=outbox.PROPOSAL_CREATED, payload=outbox.created_payload(loaded)))
     _record(session, child.id)
-    return child.id
 
 
 def approve(
@@ -265,8 +271,15 @@ def approve(
             if earlier is not None:
                 return _answer(ctx, earlier)
             raise
+        # Before anything is written: undo what an apply killed half-way left behind.
+        recovery.settle_locked(ctx, session, proposal.id)
+        if chosen is not None:
+            decided_id = new_id("prop")  # the child's id, known now so the journal can name it
+        spec = JournalSpec(ctx.journal_root, proposal.id, decided_id)
         try:
-            applied = apply_changes(workspace, _changes(locked.files if chosen is None else chosen))
+            applied = apply_changes(
+                workspace, _changes(locked.files if chosen is None else chosen), spec
+            )
             outcome = "applied"
         except (StaleFiles, PathRefused) as exc:
             applied, outcome, why = None, "conflict", str(exc)
@@ -278,7 +291,7 @@ def approve(
             )
             _record(session, proposal.id)
         else:
-            decided_id = _split(session, locked, chosen, outcome, why, user_id)
+            _split(session, decided_id, locked, chosen, outcome, why, user_id)
         try:
             session.commit()
         except BaseException:
@@ -286,6 +299,8 @@ def approve(
                 applied.undo()  # SQL says pending: the workspace must say so too
             raise
     faults.crash_point(faults.CRASH_AFTER_COMMIT)
+    if applied is not None:
+        applied.finish()  # committed: a crash before this line leaves a journal read as done
     outbox.relay(ctx)
     decided = _reload(ctx, decided_id)
     if decided.status == "applied" and ctx.settings.git_commit_on_apply:

@@ -59,8 +59,7 @@ def publish(ctx: ServiceContext, topic: str, payload: dict[str, Any]) -> None:
     turn_id = payload.get("turn_id")
     if topic == PROPOSAL_CREATED:
         data = {k: payload[k] for k in ("proposal_id", "summary", "files")}
-        if payload.get("parent_id"):
-            data["parent_id"] = payload["parent_id"]  # the part a partial approval split off
+        data["parent_id"] = payload.get("parent_id")  # rows written before it existed lack it
         ctx.events.append(conversation_id, "proposal_created", data, turn_id=turn_id)
     elif topic == PROPOSAL_RESOLVED:
         ctx.redis.publish(ctx.keys.approvals_channel, json.dumps(payload, separators=(",", ":")))

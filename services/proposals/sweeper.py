@@ -1,4 +1,5 @@
-"""The periodic sweep: publish outbox rows a failed relay left behind, expire overdue proposals.
+"""The periodic sweep: publish outbox rows a failed relay left behind, expire overdue proposals,
+and roll back applies a killed process (maybe another instance) left half-done.
 
 A decision committed while Redis was down is durable but unannounced; the relay after the
 next decision would send it, but a quiet service has no next decision. This thread runs
@@ -10,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from services.proposals import decisions, outbox
+from services.proposals import decisions, outbox, recovery
 from services.proposals.context import ServiceContext
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,10 @@ class Sweeper:
 
     def sweep_once(self) -> int:
         """One sweep; how many outbox messages it sent."""
+        try:
+            recovery.recover(self.ctx)
+        except Exception:
+            log.exception("settling apply journals failed; the next sweep retries")
         try:
             decisions.expire_overdue(self.ctx)
         except Exception:

@@ -57,6 +57,7 @@ def test_create_list_get_approve_writes_and_announces(
                 {"path": "new/dir/b.txt", "operation": "create"},
                 {"path": "gone.txt", "operation": "delete"},
             ],
+            "parent_id": None,
         }
     ]
 

@@ -10,12 +10,15 @@ import pytest
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.proposals.apply import TEMP_PREFIX
 from services.proposals.faults import EXIT_CODE
+from services.proposals.journal import JOURNAL_DIR, TEMP_PREFIX
 from shared.db import Proposal
 from shared.event_stream import EventStream
 from shared.redis_keys import RedisKeys
 from tests.proposals.conftest import Approvals, Owner, ServiceProcess, StartService, resolved_rows
+
+OLD = {"a.txt": "a old\n" * 1000, "b.txt": "b old\n" * 1000}
+NEW = {"a.txt": "a new\n" * 1500, "b.txt": "b new\n" * 1500, "sub/c.txt": "c new\n"}
 
 
 def sha(text: str) -> str:
@@ -81,7 +84,11 @@ def test_killed_between_commit_and_publish_publishes_once_after_restart(
     assert resolved(stream, owner) == []
     assert approvals.published_for(pid) == []
 
+    assert journals(owner) != []  # the apply committed, its journal was not yet dropped
+
     restarted = start_service()  # its start-up relay runs before it answers /healthz
+    assert (owner.workspace / "c.txt").read_text() == "c"  # committed: never rolled back
+    assert journals(owner) == []
     assert resolved(stream, owner) == [{"proposal_id": pid, "status": "applied"}]
     assert [m["status"] for m in approvals.published_for(pid)] == ["applied"]
     again = httpx.post(restarted.url(f"/api/proposals/{pid}/approve"), headers=owner.auth)
@@ -91,7 +98,47 @@ def test_killed_between_commit_and_publish_publishes_once_after_restart(
     assert [r.sent_at is not None for r in resolved_rows(db_sessions, pid)] == [True]
 
 
-def test_killed_between_temp_write_and_rename_leaves_every_file_old_or_new(
+def journals(owner: Owner) -> list[str]:
+    """The apply journals of the test's workspaces root (beside the users' directories)."""
+    root = owner.workspace.parent.parent / JOURNAL_DIR
+    return sorted(p.name for p in root.iterdir()) if root.exists() else []
+
+
+def temp_files(owner: Owner) -> list[str]:
+    return sorted(p.name for p in owner.workspace.rglob(TEMP_PREFIX + "*"))
+
+
+def contents(owner: Owner) -> dict[str, str | None]:
+    names = sorted({*OLD, *NEW})
+    paths = {name: owner.workspace / name for name in names}
+    return {name: p.read_text() if p.exists() else None for name, p in paths.items()}
+
+
+def crash_mid_apply(
+    start_service: StartService, owner: Owner, internal_token: str, db: sessionmaker[Session]
+) -> str:
+    """Approve a three-file proposal in a process killed at its second rename; the pid."""
+    for name, text in OLD.items():
+        (owner.workspace / name).write_text(text)
+    # Killed at the second rename: a.txt is already replaced, b.txt's new content is in a temp.
+    doomed = start_service(SIGNALBOX_TEST_FAULT="crash_before_rename@2")
+    files = [
+        {"path": "a.txt", "operation": "update", "after": NEW["a.txt"]},
+        {"path": "b.txt", "operation": "update", "after": NEW["b.txt"]},
+        {"path": "sub/c.txt", "operation": "create", "after": NEW["sub/c.txt"]},
+    ]
+    pid = propose(doomed, owner, internal_token, files)
+    approve_and_crash(doomed, owner, pid)
+
+    # What the crash left: each file whole, but the set mixed; SQL still says pending.
+    assert contents(owner) == {"a.txt": NEW["a.txt"], "b.txt": OLD["b.txt"], "sub/c.txt": None}
+    assert len(temp_files(owner)) == 1  # b.txt's temp, recognisable as ours
+    assert [name.partition(".")[0] for name in journals(owner)] == [pid]
+    assert status_of(db, pid) == "pending"
+    return pid
+
+
+def test_killed_between_temp_write_and_rename_is_rolled_back_then_approve_applies_all(
     start_service: StartService,
     make_owner: Callable[[], Owner],
     internal_token: str,
@@ -99,34 +146,36 @@ def test_killed_between_temp_write_and_rename_leaves_every_file_old_or_new(
     db_sessions: sessionmaker[Session],
 ) -> None:
     owner = make_owner()
-    old = {"a.txt": "a old\n" * 1000, "b.txt": "b old\n" * 1000}
-    new = {"a.txt": "a new\n" * 1500, "b.txt": "b new\n" * 1500, "c.txt": "c new\n"}
-    for name, text in old.items():
-        (owner.workspace / name).write_text(text)
-    # Killed at the second rename: a.txt is already replaced, b.txt's new content is in a temp.
-    doomed = start_service(SIGNALBOX_TEST_FAULT="crash_before_rename@2")
-    files = [
-        {"path": "a.txt", "operation": "update", "after": new["a.txt"]},
-        {"path": "b.txt", "operation": "update", "after": new["b.txt"]},
-        {"path": "c.txt", "operation": "create", "after": new["c.txt"]},
-    ]
-    pid = propose(doomed, owner, internal_token, files)
-    approve_and_crash(doomed, owner, pid)
+    pid = crash_mid_apply(start_service, owner, internal_token, db_sessions)
 
-    for name in ("a.txt", "b.txt", "c.txt"):
-        path = owner.workspace / name
-        content = path.read_text() if path.exists() else None
-        assert content in (old.get(name), new[name]), name  # old or new, never partial
-    assert (owner.workspace / "a.txt").read_text() == new["a.txt"]
-    assert (owner.workspace / "b.txt").read_text() == old["b.txt"]
-    leftovers = [p.name for p in owner.workspace.iterdir() if p.name.startswith(TEMP_PREFIX)]
-    assert len(leftovers) == 1  # the temp file of b.txt, recognisable as ours
-    assert status_of(db_sessions, pid) == "pending"  # the decision never committed
+    restarted = start_service()  # its start-up recovery runs before it answers /healthz
+    assert contents(owner) == {**OLD, "sub/c.txt": None}  # exactly as before the approval
+    assert temp_files(owner) == [] and journals(owner) == []
+    assert not (owner.workspace / "sub").exists()
+    assert status_of(db_sessions, pid) == "pending"
 
-    # Approving again finishes the job: a.txt already holds its new content and is skipped.
-    restarted = start_service()
     response = httpx.post(restarted.url(f"/api/proposals/{pid}/approve"), headers=owner.auth)
     assert response.status_code == 200, response.text
-    for name, text in new.items():
-        assert (owner.workspace / name).read_text() == text
+    assert contents(owner) == NEW
+    assert journals(owner) == []
     assert resolved(stream, owner) == [{"proposal_id": pid, "status": "applied"}]
+
+
+def test_killed_between_temp_write_and_rename_then_rejected_leaves_every_file_old(
+    start_service: StartService,
+    make_owner: Callable[[], Owner],
+    internal_token: str,
+    stream: EventStream,
+    db_sessions: sessionmaker[Session],
+) -> None:
+    owner = make_owner()
+    pid = crash_mid_apply(start_service, owner, internal_token, db_sessions)
+
+    restarted = start_service()
+    response = httpx.post(
+        restarted.url(f"/api/proposals/{pid}/reject"), headers=owner.auth, json={"reason": "no"}
+    )
+    assert response.status_code == 200 and response.json()["status"] == "rejected"
+    assert contents(owner) == {**OLD, "sub/c.txt": None}
+    assert temp_files(owner) == [] and journals(owner) == []
+    assert resolved(stream, owner) == [{"proposal_id": pid, "status": "rejected"}]

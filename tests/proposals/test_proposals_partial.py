@@ -76,7 +76,7 @@ def test_approving_some_files_applies_them_and_keeps_the_rest_pending(
         ],
         "parent_id": pid,
     }
-    assert "parent_id" not in created[0]  # an ordinary proposal's event is unchanged
+    assert created[0]["parent_id"] is None  # an ordinary proposal has no parent
     assert events_of(ctx, owner, "proposal_resolved") == [
         {"turn_id": "turn_test", "proposal_id": child, "status": "applied"}
     ]

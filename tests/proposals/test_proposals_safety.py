@@ -116,9 +116,9 @@ def test_concurrent_decisions_have_exactly_one_effect(
     writes: list[Path] = []
     real_write = apply.write_atomic
 
-    def counting_write(target: Path, data: bytes) -> None:
+    def counting_write(target: Path, data: bytes, **kwargs: str) -> None:
         writes.append(target)
-        real_write(target, data)
+        real_write(target, data, **kwargs)
 
     monkeypatch.setattr(apply, "write_atomic", counting_write)
 
