@@ -245,7 +245,8 @@ def test_shared_workspaces_volume(services: dict[str, dict[str, Any]]) -> None:
 
 
 def _table_rows(doc: str) -> set[str]:
-    return set(re.findall(r"^\| `((?:SIGNALBOX|ANTHROPIC)_\w+)` \|", (ROOT / doc).read_text(), re.M))
+    row = re.compile(r"^\| `((?:SIGNALBOX|ANTHROPIC)_\w+)` \|", re.M)
+    return set(row.findall((ROOT / doc).read_text()))
 
 
 def test_the_operations_guide_lists_every_setting() -> None:
