@@ -1,56 +1,28 @@
-"""Conversations and workspaces of a user: create, list, and the detail view of one."""
+"""Conversations of a user: create, list, and the detail view of one."""
 
 from __future__ import annotations
 
-from datetime import datetime
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.gateway.errors import BadInput, NotFound
+from services.gateway.errors import NotFound
 from services.gateway.ownership import owned_conversation
 from services.gateway.state import Gateway
-from shared.db import Conversation, Message, Proposal, ToolCall, Turn, User, Workspace
+from services.gateway.workspaces import checked_workspace, ensure_workspace, make_workspace_dir
+from shared.db import Conversation, Message, Proposal, ToolCall, Turn, User
 from shared.ids import new_id
-from shared.workspace_paths import check_workspace_name, workspace_dir
 
 TITLE_CHARS = 60  # a new conversation is titled with the start of its first message
-DEFAULT_WORKSPACE = "default"  # every user has it (users.selected_workspace starts there)
 
 
 def _iso(value: datetime | None) -> str | None:
     if value is None:
         return None
     return value.isoformat().replace("+00:00", "Z")
-
-
-def checked_workspace(name: str) -> str:
-    """``name`` if it is a valid workspace name, else ``BadInput`` naming it."""
-    try:
-        return check_workspace_name(name)
-    except ValueError as exc:
-        raise BadInput(str(exc)) from None
-
-
-def ensure_workspace(session: Session, user_id: str, name: str) -> Workspace:
-    """The user's workspace row ``name``, created if missing."""
-    row = session.scalars(
-        select(Workspace).where(Workspace.user_id == user_id, Workspace.name == name)
-    ).one_or_none()
-    if row is None:
-        row = Workspace(id=new_id("ws"), user_id=user_id, name=checked_workspace(name))
-        session.add(row)
-        session.flush()
-    return row
-
-
-def make_workspace_dir(root: Path, user_id: str, name: str) -> Path:
-    """Create the workspace directory if missing (the proposals service writes into it)."""
-    path = workspace_dir(root, user_id, name)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def conversation_json(conversation: Conversation) -> dict[str, Any]:
@@ -107,19 +79,126 @@ def list_conversations(session: Session, user_id: str) -> list[dict[str, Any]]:
     return [conversation_json(c) for c in rows]
 
 
+ASK_USER = "ask_user"  # the orchestrator's built-in question tool
+CLIENT_EXECUTOR = "client"  # ToolCall.executor of a tool the user's client runs
+
+
+def _turn_json(turn: Turn) -> dict[str, Any]:
+    return {
+        "turn_id": turn.id,
+        "seq": turn.seq,
+        "status": turn.status,
+        "text": turn.text,
+        "client_turn_id": turn.client_turn_id,
+        "cancel_requested": turn.cancel_requested,
+        "error": turn.error,
+        "created_at": _iso(turn.created_at),
+        "finished_at": _iso(turn.finished_at),
+        "parent_call_id": turn.parent_call_id,
+        "sub_agents": [],
+    }
+
+
+def nest_turns(turns: Sequence[Turn], call_turn: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Top-level turns, each child (spawn_agent) turn under the turn that made its call.
+
+    ``call_turn`` maps a call id to its turn id. A child whose parent cannot be found stays
+    at the top level, still flagged by its ``parent_call_id``, rather than disappear.
+    """
+    by_id = {t.id: _turn_json(t) for t in turns}
+    top: list[dict[str, Any]] = []
+    for turn in turns:
+        item = by_id[turn.id]
+        parent = by_id.get(call_turn.get(turn.parent_call_id or "", ""))
+        if turn.parent_call_id is not None and parent is not None and parent is not item:
+            parent["sub_agents"].append(item)
+        else:
+            top.append(item)
+    return top
+
+
+def _unexpired(call: ToolCall, now: datetime) -> bool:
+    if call.expires_at is None:
+        return True
+    expires = call.expires_at if call.expires_at.tzinfo else call.expires_at.replace(tzinfo=UTC)
+    return expires > now
+
+
+def pending_calls(calls: Sequence[ToolCall], now: datetime) -> dict[str, list[dict[str, Any]]]:
+    """The calls someone can still act on, by what they wait for.
+
+    A decision already recorded, or a wait past its ``expires_at``, is not pending: acting
+    on it would be refused, and the orchestrator ends it on its next look.
+    """
+    decisions, questions, client_tools = [], [], []
+    for c in calls:
+        if not _unexpired(c, now):
+            continue
+        if c.status == "needs_decision" and c.decision is None:
+            decisions.append(
+                {
+                    "call_id": c.id,
+                    "turn_id": c.turn_id,
+                    "tool": c.tool,
+                    "input": c.input,
+                    "expires_at": _iso(c.expires_at),
+                }
+            )
+        elif c.status == "waiting" and c.tool == ASK_USER and c.executor != CLIENT_EXECUTOR:
+            options = c.input.get("options")
+            questions.append(
+                {
+                    "question_id": c.id,
+                    "turn_id": c.turn_id,
+                    "text": str(c.input.get("question", "")),
+                    "options": options if isinstance(options, list) else None,
+                    "expires_at": _iso(c.expires_at),
+                }
+            )
+        elif c.status in ("waiting", "running") and c.executor == CLIENT_EXECUTOR:
+            client_tools.append(
+                {
+                    "call_id": c.id,
+                    "turn_id": c.turn_id,
+                    "tool": c.tool,
+                    "input": c.input,
+                    "timeout_s": c.timeout_s,
+                    "expires_at": _iso(c.expires_at),
+                }
+            )
+    return {
+        "pending_decisions": decisions,
+        "pending_questions": questions,
+        "pending_client_tools": client_tools,
+    }
+
+
 def conversation_detail(session: Session, user_id: str, conversation_id: str) -> dict[str, Any]:
-    """Turns, transcript, pending tool decisions and proposals of one conversation."""
+    """Turns (sub-agents nested), transcript, what waits for the human, and proposals."""
     conversation = owned_conversation(session, user_id, conversation_id)
     turns = session.scalars(
-        select(Turn).where(Turn.conversation_id == conversation.id).order_by(Turn.seq)
+        select(Turn)
+        .where(Turn.conversation_id == conversation.id)
+        .order_by(Turn.seq, Turn.created_at)
     ).all()
     messages = session.scalars(
         select(Message).where(Message.conversation_id == conversation.id).order_by(Message.seq)
     ).all()
-    pending = session.scalars(
+    child_of = {t.id: t.parent_call_id for t in turns if t.parent_call_id is not None}
+    parent_calls = set(child_of.values())
+    rows = session.execute(
+        select(ToolCall.id, ToolCall.turn_id).where(ToolCall.id.in_(parent_calls))
+    ).all()
+    call_turn = {call_id: turn_id for call_id, turn_id in rows}
+    open_calls = session.scalars(
         select(ToolCall)
         .join(Turn, Turn.id == ToolCall.turn_id)
-        .where(Turn.conversation_id == conversation.id, ToolCall.status == "needs_decision")
+        .join(Message, Message.id == ToolCall.message_id)
+        .where(
+            Turn.conversation_id == conversation.id,
+            ToolCall.status.in_(("needs_decision", "waiting", "running")),
+        )
+        .order_by(Message.seq, ToolCall.position)
     ).all()
     proposals = session.scalars(
         select(Proposal)
@@ -128,24 +207,13 @@ def conversation_detail(session: Session, user_id: str, conversation_id: str) ->
     ).all()
     return {
         **conversation_json(conversation),
-        "turns": [
-            {
-                "turn_id": t.id,
-                "seq": t.seq,
-                "status": t.status,
-                "text": t.text,
-                "client_turn_id": t.client_turn_id,
-                "cancel_requested": t.cancel_requested,
-                "error": t.error,
-                "created_at": _iso(t.created_at),
-                "finished_at": _iso(t.finished_at),
-            }
-            for t in turns
-        ],
+        "turns": nest_turns(turns, call_turn),
         "messages": [
             {
                 "message_id": m.id,
                 "turn_id": m.turn_id,
+                # Set on a sub-agent's messages: they are not the conversation's own transcript.
+                "parent_call_id": child_of.get(m.turn_id),
                 "seq": m.seq,
                 "role": m.role,
                 "content": m.content,
@@ -153,50 +221,8 @@ def conversation_detail(session: Session, user_id: str, conversation_id: str) ->
             }
             for m in messages
         ],
-        "pending_decisions": [
-            {
-                "call_id": c.id,
-                "turn_id": c.turn_id,
-                "tool": c.tool,
-                "input": c.input,
-                "expires_at": _iso(c.expires_at),
-            }
-            for c in pending
-        ],
+        **pending_calls(open_calls, datetime.now(UTC)),
         "proposals": [
             {"proposal_id": p.id, "status": p.status, "summary": p.summary} for p in proposals
         ],
     }
-
-
-def list_workspaces(session: Session, user_id: str) -> dict[str, Any]:
-    """The user's workspaces and which one is selected for new conversations."""
-    user = session.get(User, user_id)
-    if user is None:
-        raise NotFound(f"user {user_id!r} not found")
-    names = list(
-        session.scalars(
-            select(Workspace.name).where(Workspace.user_id == user_id).order_by(Workspace.name)
-        ).all()
-    )
-    for implicit in (DEFAULT_WORKSPACE, user.selected_workspace):
-        if implicit not in names:
-            names.append(implicit)
-    return {
-        "workspaces": [{"name": n, "selected": n == user.selected_workspace} for n in names],
-        "selected": user.selected_workspace,
-    }
-
-
-def select_workspace(session: Session, user_id: str, name: str) -> str:
-    """Make ``name`` (an existing workspace of the user) the one new conversations use."""
-    user = session.get(User, user_id)
-    if user is None:
-        raise NotFound(f"user {user_id!r} not found")
-    exists = session.scalars(
-        select(Workspace.id).where(Workspace.user_id == user_id, Workspace.name == name)
-    ).first()
-    if exists is None and name not in (user.selected_workspace, DEFAULT_WORKSPACE):
-        raise NotFound(f"workspace {name!r} not found")
-    user.selected_workspace = name
-    return name

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 import httpx
 
 from services.gateway.errors import Conflict, NotFound, Unavailable
 from services.gateway.state import Gateway
+
+log = logging.getLogger(__name__)
 
 # Hop-by-hop and framing headers are the proxy's own business, never forwarded.
 _DROP_RESPONSE_HEADERS = frozenset(
@@ -89,3 +92,31 @@ async def forward(
 def response_headers(response: httpx.Response) -> dict[str, str]:
     """The headers of a proxied response worth passing on."""
     return {k: v for k, v in response.headers.items() if k.lower() not in _DROP_RESPONSE_HEADERS}
+
+
+WORKSPACE_STATUS_TIMEOUT_S = 10.0  # the proposals service bounds each git call at 5 s
+
+
+async def workspace_status(gateway: Gateway, user_id: str, name: str) -> dict[str, Any] | None:
+    """``{"name", "path_exists", "git"}`` of a workspace, or None if the service cannot say."""
+    url = f"/internal/workspaces/{user_id}/{name}"
+    try:
+        response = await gateway.http.get(
+            url, headers=gateway.internal_headers(user_id), timeout=WORKSPACE_STATUS_TIMEOUT_S
+        )
+    except httpx.HTTPError as exc:
+        log.warning(
+            "workspace status of %s/%s: proposals service did not answer: %r", user_id, name, exc
+        )
+        return None
+    if response.status_code != 200:
+        log.warning(
+            "workspace status of %s/%s: proposals service answered %s: %s",
+            user_id,
+            name,
+            response.status_code,
+            _detail(response),
+        )
+        return None
+    body = response.json()
+    return body if isinstance(body, dict) else None

@@ -188,4 +188,13 @@ async def cancel_turn(gateway: Gateway, user_id: str, turn_id: str) -> dict[str,
     conversation_id, status = await gateway.db(mark)
     if status in UNFINISHED:
         await publish_cancel(gateway, turn_id)
+    if status == "parked":
+        # A parked turn has no runner to hear the pub/sub cancel; a delivery makes one finish
+        # it now rather than at the orchestrator's next reconcile (run_turn holds a lease, so
+        # an extra delivery is harmless).
+        try:
+            await gateway.enqueue_turn(turn_id)
+        except Exception as exc:
+            # cancel_requested is in SQL already: the reconciler still ends the turn.
+            log.warning("could not enqueue cancelled parked turn %s: %s", turn_id, exc)
     return {"turn_id": turn_id, "conversation_id": conversation_id, "status": status}

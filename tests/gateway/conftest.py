@@ -21,7 +21,7 @@ from websockets.asyncio.client import ClientConnection
 
 from services.gateway.app import create_app
 from shared.celery_app import ORCHESTRATOR_QUEUE
-from shared.db import Conversation
+from shared.db import Conversation, Message, ToolCall, Turn
 from shared.ids import new_id
 from shared.redis_keys import RedisKeys
 from shared.settings import GatewaySettings
@@ -200,3 +200,63 @@ def queued_turn_tasks(client: redis.Redis, keys: RedisKeys) -> list[tuple[str, l
         args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
         found.append((message["headers"]["task"], args))
     return found
+
+
+# -- rows as the orchestrator writes them ---------------------------------------------
+
+
+def add_turn(
+    sessions: sessionmaker[Session],
+    user_id: str,
+    conversation_id: str,
+    status: str,
+    parent_call_id: str | None = None,
+) -> str:
+    """A turn row in ``status``, as the orchestrator leaves it (nothing enqueued)."""
+    with sessions() as session:
+        turn = Turn(
+            id=new_id("turn"),
+            conversation_id=conversation_id,
+            user_id=user_id,
+            seq=1,
+            text="go",
+            status=status,
+            parent_call_id=parent_call_id,
+        )
+        session.add(turn)
+        session.commit()
+        return turn.id
+
+
+def add_call(
+    sessions: sessionmaker[Session], turn_id: str, conversation_id: str, **fields: Any
+) -> str:
+    """A tool call of ``turn_id`` (a fresh assistant message holds its tool_use)."""
+    with sessions() as session:
+        message = Message(
+            id=new_id("msg"),
+            conversation_id=conversation_id,
+            turn_id=turn_id,
+            seq=fields.pop("seq", 1),
+            role="assistant",
+            content=[{"type": "tool_use", "id": "tu", "name": "run_python", "input": {}}],
+        )
+        session.add(message)
+        session.flush()
+        values: dict[str, Any] = {
+            "tool": "run_python",
+            "input": {"code": "1+1"},
+            "status": "needs_decision",
+            **fields,
+        }
+        call = ToolCall(
+            id=new_id("call"),
+            turn_id=turn_id,
+            message_id=message.id,
+            position=0,
+            tool_use_id="tu",
+            **values,
+        )
+        session.add(call)
+        session.commit()
+        return call.id

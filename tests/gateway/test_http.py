@@ -75,14 +75,26 @@ def test_conversations_create_list_detail_events(gateway: LiveGateway, make_user
 
 
 def test_workspaces_create_select_current(gateway: LiveGateway, make_user: Users) -> None:
+    """Without the proposals service the workspaces still list, their git unknown."""
     user_id, token = make_user()
     with httpx.Client(base_url=gateway.url, headers=bearer(token)) as http:
-        assert http.get("/api/workspace/current").json() == {"name": "default"}
+        assert http.get("/api/workspace/current").json() == {
+            "name": "default",
+            "selected": True,
+            "path_exists": False,
+            "git": None,
+            "git_checked": False,
+        }
         assert http.post("/api/workspaces", json={"name": "site"}).status_code == 201
         assert http.post("/api/workspaces", json={"name": "../up"}).status_code == 422
         assert http.post("/api/workspace/select", json={"name": "nope"}).status_code == 404
         assert http.post("/api/workspace/select", json={"name": "site"}).status_code == 200
-        assert http.get("/api/workspace/current").json() == {"name": "site"}
+        current = http.get("/api/workspace/current").json()
+        assert (current["name"], current["path_exists"], current["git_checked"]) == (
+            "site",
+            True,
+            False,
+        )
         names = {w["name"]: w["selected"] for w in http.get("/api/workspaces").json()["workspaces"]}
         assert names == {"site": True, "default": False}
         conversation = http.post("/api/conversations", json={}).json()
