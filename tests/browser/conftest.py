@@ -39,7 +39,7 @@ def _missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     reason = _missing()
     if reason:
