@@ -12,6 +12,7 @@ from typing import Any
 
 from celery import Celery
 
+from shared import broker_fixes
 from shared.settings import CommonSettings
 
 ORCHESTRATOR_QUEUE = "orchestrator"
@@ -22,16 +23,26 @@ RUN_TURN_TASK = "orchestrator.run_turn"
 RUN_TOOL_TASK = "tools.run_tool"
 
 
+# kombu looks for messages unacknowledged past the visibility timeout only every
+# interval * throttle seconds (10 * 10 by default); a short timeout needs a sweep as short.
+SHORT_VISIBILITY_TIMEOUT_S = 600
+
+
 def transport_options(settings: CommonSettings) -> dict[str, Any]:
     """Broker/backend options: the visibility timeout and this deployment's key prefix."""
-    return {
+    options: dict[str, Any] = {
         "visibility_timeout": settings.visibility_timeout_s,
         "global_keyprefix": settings.redis_prefix,
     }
+    if settings.visibility_timeout_s < SHORT_VISIBILITY_TIMEOUT_S:
+        options["unacked_restore_interval"] = max(0.5, settings.visibility_timeout_s / 4)
+        options["unacked_restore_throttle"] = 1
+    return options
 
 
 def make_celery(name: str, settings: CommonSettings, include: list[str] | None = None) -> Celery:
     """A Celery app on the deployment's Redis with Signalbox's delivery settings."""
+    broker_fixes.apply()
     app = Celery(name, broker=settings.redis_url, backend=settings.redis_url, include=include or [])
     options = transport_options(settings)
     app.conf.update(
@@ -46,7 +57,10 @@ def make_celery(name: str, settings: CommonSettings, include: list[str] | None =
         result_backend_transport_options=options,
         result_expires=3600,
         broker_connection_retry_on_startup=True,
-        worker_cancel_long_running_tasks_on_connection_loss=True,
+        # Off: a threads-pool orchestrator cannot cancel a turn anyway (its lease guards it),
+        # and cancelling a tool call because Redis blinked would turn it into ``lost``; a
+        # redelivered copy is skipped by the call's claim, or harmless when idempotent.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         worker_hijack_root_logger=False,
         task_default_queue=TOOLS_QUEUE,
         task_routes={

@@ -158,6 +158,8 @@ def parse_client_frame(raw: str | bytes) -> ClientFrame:
         obj = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise FrameError("bad_frame", f"frame is not JSON: {exc}") from None
+    except RecursionError:  # nesting deeper than the interpreter's stack (found by fuzzing)
+        raise FrameError("bad_frame", "frame is nested too deeply") from None
     if not isinstance(obj, dict):
         raise FrameError("bad_frame", f"expected a JSON object, got {type(obj).__name__}")
     req = obj.get("req")

@@ -27,6 +27,18 @@ class RedisKeys:
         """Who runs a turn right now (one runner per turn)."""
         return f"{self.prefix}lease:turn:{turn_id}"
 
+    def turn_deliveries(self, turn_id: str) -> str:
+        """How many runs of a turn started and never came back (their worker died)."""
+        return f"{self.prefix}deliveries:turn:{turn_id}"
+
+    def turn_requeued(self, turn_id: str) -> str:
+        """Set while a stale queued turn was lately enqueued again (one re-enqueue per period)."""
+        return f"{self.prefix}requeued:turn:{turn_id}"
+
+    def deployment_epoch(self) -> str:
+        """A value set once per Redis lifetime; its disappearance means Redis lost its data."""
+        return f"{self.prefix}epoch"
+
     def tool_catalogue(self) -> str:
         """Sorted set of live tool-worker catalogue keys, scored by expiry time."""
         return f"{self.prefix}tools:workers"

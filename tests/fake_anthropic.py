@@ -10,10 +10,13 @@ talks to it unchanged (``base_url=server.url``). Each test scripts the responses
         [text("partial"), stream_error("overloaded_error")],
     ])
 
-One entry is consumed per POST /v1/messages. Every request is recorded (``server.requests``)
-and checked like the real API checks it: a transcript where a ``tool_use`` is not answered
-by exactly one ``tool_result`` in the next user message gets HTTP 400, and the problem is
-kept in ``server.violations``.
+One entry is consumed per POST /v1/messages; ``script_for(marker, [...])`` keeps entries
+for requests whose messages contain ``marker`` (turns running at once each get theirs), and
+``stall()`` holds a stream at that point until the test releases it (a model that hangs
+mid-answer, e.g. while the test kills the orchestrator reading it). Every request is
+recorded (``server.requests``) and checked like the real API checks it: a transcript where
+a ``tool_use`` is not answered by exactly one ``tool_result`` in the next user message gets
+HTTP 400, and the problem is kept in ``server.violations``.
 """
 
 from __future__ import annotations
@@ -57,6 +60,15 @@ class StreamError:
     message: str = "Overloaded"
 
 
+@dataclass(frozen=True, eq=False)
+class Stall:
+    """The stream stops here: ``reached`` is set, then it waits for ``release`` (or timeout)."""
+
+    reached: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+    timeout_s: float = 60.0
+
+
 @dataclass(frozen=True)
 class HttpError:
     """The whole response is an HTTP error (the SDK retries 429/5xx/529 itself)."""
@@ -71,13 +83,13 @@ class HttpError:
 class Reply:
     """One streamed response: its blocks, stop reason and usage."""
 
-    items: tuple[Text | ToolUseBlock | StreamError, ...]
+    items: tuple[Text | ToolUseBlock | StreamError | Stall, ...]
     stop_reason: str | None = None
     input_tokens: int = 11
     output_tokens: int = 7
 
 
-Scripted = Reply | HttpError | Sequence[Text | ToolUseBlock | StreamError]
+Scripted = Reply | HttpError | Sequence[Text | ToolUseBlock | StreamError | Stall]
 
 _ids = iter(range(1, 1_000_000))
 
@@ -104,6 +116,11 @@ def stream_error(type: str = "overloaded_error", message: str = "Overloaded") ->
     return StreamError(type, message)
 
 
+def stall(timeout_s: float = 60.0) -> Stall:
+    """A point where the stream hangs until ``.release.set()``; ``.reached`` tells it got there."""
+    return Stall(timeout_s=timeout_s)
+
+
 def http_error(
     status: int,
     type: str = "rate_limit_error",
@@ -115,7 +132,7 @@ def http_error(
 
 
 def reply(
-    *items: Text | ToolUseBlock | StreamError,
+    *items: Text | ToolUseBlock | StreamError | Stall,
     stop_reason: str | None = None,
     input_tokens: int = 11,
     output_tokens: int = 7,
@@ -186,8 +203,9 @@ def _split_at(value: str, splits: Sequence[int] | None) -> list[str]:
     return [value[a:b] for a, b in itertools.pairwise(bounds)]
 
 
-def sse_events(item: Reply, message_id: str, model: str) -> Iterator[bytes]:
-    """The SSE byte frames of one scripted response, exactly as the real API orders them."""
+def sse_events(item: Reply, message_id: str, model: str) -> Iterator[bytes | Stall]:
+    """The SSE byte frames of one scripted response, exactly as the real API orders them
+    (with each ``Stall`` yielded where the stream is to hang)."""
     has_tools = any(isinstance(i, ToolUseBlock) for i in item.items)
     yield _sse(
         "message_start",
@@ -206,7 +224,12 @@ def sse_events(item: Reply, message_id: str, model: str) -> Iterator[bytes]:
         },
     )
     yield _sse("ping", {"type": "ping"})
-    for index, block in enumerate(item.items):
+    index = -1
+    for block in item.items:
+        if isinstance(block, Stall):
+            yield block
+            continue
+        index += 1
         if isinstance(block, StreamError):
             yield _sse(
                 "error",
@@ -266,6 +289,7 @@ class FakeAnthropic:
     requests: list[RecordedRequest] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     _queue: list[Scripted] = field(default_factory=list)
+    _by_marker: dict[str, list[Scripted]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadingHTTPServer | None = None
     _thread: threading.Thread | None = None
@@ -281,6 +305,11 @@ class FakeAnthropic:
         with self._lock:
             self._queue.extend(responses)
 
+    def script_for(self, marker: str, responses: Sequence[Scripted]) -> None:
+        """Queue responses for the requests whose messages contain ``marker``."""
+        with self._lock:
+            self._by_marker.setdefault(marker, []).extend(responses)
+
     @property
     def remaining(self) -> int:
         """Scripted responses not yet served."""
@@ -290,6 +319,11 @@ class FakeAnthropic:
     def _next(self, body: dict[str, Any], path: str, headers: dict[str, str]) -> Scripted | None:
         with self._lock:
             self.requests.append(RecordedRequest(path, headers, body, time.monotonic()))
+            if self._by_marker:
+                text = json.dumps(body.get("messages"))
+                for marker, queue in self._by_marker.items():
+                    if queue and marker in text:
+                        return queue.pop(0)
             return self._queue.pop(0) if self._queue else None
 
     def start(self) -> FakeAnthropic:
@@ -352,9 +386,26 @@ class FakeAnthropic:
                 self.send_header("cache-control", "no-cache")
                 self.send_header("transfer-encoding", "chunked")
                 self.end_headers()
-                payload = b"".join(
-                    sse_events(scripted, f"msg_fake{next(_ids):04d}", str(body.get("model")))
-                )
+                segments: list[bytes | Stall] = []
+                events = sse_events(scripted, f"msg_fake{next(_ids):04d}", str(body.get("model")))
+                for piece in events:
+                    if isinstance(piece, bytes) and segments and isinstance(segments[-1], bytes):
+                        segments[-1] += piece
+                    else:
+                        segments.append(piece)
+                try:
+                    for segment in segments:
+                        if isinstance(segment, Stall):
+                            segment.reached.set()
+                            segment.release.wait(segment.timeout_s)
+                        else:
+                            self._chunks(segment)
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                except OSError:
+                    pass  # the client went away during a stall (a killed orchestrator)
+
+            def _chunks(self, payload: bytes) -> None:
                 # Arbitrary chunk boundaries: a real network splits SSE frames anywhere.
                 pos = 0
                 while pos < len(payload):
@@ -363,8 +414,6 @@ class FakeAnthropic:
                     self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
                     self.wfile.flush()
                     pos += size
-                self.wfile.write(b"0\r\n\r\n")
-                self.wfile.flush()
 
         self._server = ThreadingHTTPServer((self.host, 0), Handler)
         self._server.daemon_threads = True

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio.to_thread
 import httpx
 import redis.asyncio as aioredis
+import redis.exceptions
 from celery import Celery
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -25,6 +28,13 @@ from shared.redis_keys import RedisKeys
 from shared.settings import GatewaySettings
 
 T = TypeVar("T")
+
+# An asyncio client made by ``from_url`` does not retry: after a Redis restart, the first
+# command on each pooled (now dead) connection would fail. Reconnect and retry instead.
+RECONNECTING: dict[str, Any] = {
+    "retry": Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
+    "retry_on_error": [redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
+}
 
 
 @dataclass
@@ -46,10 +56,13 @@ class Gateway:
     def build(cls, settings: GatewaySettings) -> Gateway:
         """Create every client (nothing connects until first use)."""
         keys = RedisKeys(settings.redis_prefix)
-        client = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
+        client = aioredis.Redis.from_url(settings.redis_url, decode_responses=True, **RECONNECTING)
         # Followers block in XREAD; their own pool keeps request traffic off those connections.
         relay_client = aioredis.Redis.from_url(
-            settings.redis_url, decode_responses=True, socket_timeout=RELAY_SOCKET_TIMEOUT_S
+            settings.redis_url,
+            decode_responses=True,
+            socket_timeout=RELAY_SOCKET_TIMEOUT_S,
+            **RECONNECTING,
         )
         engine = make_engine(settings.database_url)
         return cls(

@@ -9,6 +9,8 @@ finds the lease held and returns at once. If the runner dies the lease expires a
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import uuid
 from types import TracebackType
@@ -36,6 +38,15 @@ class LeaseLost(Exception):
     """Another runner holds the turn now; this one must stop without writing."""
 
 
+def holder_pid(token: str | bytes | None) -> int | None:
+    """The pid of the process holding a lease whose token is ``token`` (None if unreadable)."""
+    if token is None:
+        return None
+    text = token.decode() if isinstance(token, bytes) else token
+    parts = text.split(":")
+    return int(parts[-2]) if len(parts) >= 3 and parts[-2].isdigit() else None
+
+
 class TurnLease:
     """``SET key token NX PX`` plus a heartbeat; use ``acquire()`` then ``with lease:``."""
 
@@ -43,7 +54,8 @@ class TurnLease:
         self.client = client
         self.key = key
         self.lease_ms = max(1, int(lease_s * 1000))
-        self.token = uuid.uuid4().hex
+        # Who holds it, readable by operators (and chaos tests): host, pid, then a nonce.
+        self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
         self.lost = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

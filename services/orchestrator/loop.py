@@ -33,7 +33,7 @@ from typing import Any
 import redis
 from pydantic import BaseModel, ValidationError
 
-from services.orchestrator import store
+from services.orchestrator import deliveries, faults, store
 from services.orchestrator.builtin_tools import (
     ASK_USER,
     BUILTIN_DEFS,
@@ -81,6 +81,10 @@ from shared.tool_contract import ApprovalMode, ToolCallRequest, ToolResult, Tool
 log = logging.getLogger(__name__)
 
 UNKNOWN_TOOL_TIMEOUT_S = 0.0
+# Redis errors that mean "not reachable now" rather than a bug in a command.
+REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError)
+NOT_RUN = frozenset({"lease_lost", "redis_unavailable"})  # outcomes that leave the turn as is
+MAX_IDEMPOTENT_ATTEMPTS = 3  # an idempotent call whose worker vanished is sent twice more
 RESULTS_PER_READ = 64
 POLL_S = 0.25  # longest single wait on the results stream: bounds how late a deadline is seen
 CANCEL_CHECK_S = 1.0  # how often the committed cancel flag is read while waiting on tools
@@ -118,7 +122,8 @@ def run_turn(rt: Runtime, turn_id: str) -> str:
     ``parked`` (waiting for a human or a client), or why nothing ran: ``missing``,
     ``finished``, ``child`` (a spawn_agent child turn: its parent runs it), ``waiting`` (an
     earlier turn of the conversation is unfinished), ``leased`` (another runner has it),
-    ``lease_lost``.
+    ``lease_lost``, ``redis_unavailable`` (left as SQL has it, for the reconciler to resume).
+    A run whose turn kept killing its worker fails it instead (``deliveries.py``).
     """
     info = store.load_turn(rt.sessions, turn_id)
     if info is None:
@@ -138,24 +143,63 @@ def run_turn(rt: Runtime, turn_id: str) -> str:
                 rt.enqueue_turn(turn_id_before)
         return "waiting"  # the earlier turn enqueues this one when it ends
     lease = TurnLease(rt.redis, rt.keys.turn_lease(turn_id), rt.settings.lease_s)
-    if not lease.acquire():
-        return "leased"
-    with lease, CancelWatch(rt.redis, rt.keys.control_channel, turn_id) as cancel:
-        runner = TurnRunner(rt, info, lease, cancel)
-        try:
-            outcome = runner.run()
-        except LeaseLost:
-            log.error("turn %s: lease lost, leaving the turn to its new runner", turn_id)
-            return "lease_lost"
-        except Exception as exc:
-            log.exception("turn %s failed", turn_id)
-            outcome = runner.finish("failed", error=f"{type(exc).__name__}: {exc}")
+    try:
+        if not lease.acquire():
+            # A redelivery (visibility timeout, a duplicate enqueue) while a runner works on
+            # the turn: it does nothing, so a turn never runs twice at once.
+            log.info("run_turn(%s): another runner holds the lease; nothing to do", turn_id)
+            return "leased"
+        started = deliveries.count_start(rt.redis, rt.keys, turn_id)
+    except REDIS_DOWN as exc:
+        log.error("run_turn(%s): Redis unavailable (%s); the reconciler retries", turn_id, exc)
+        return "redis_unavailable"
+    try:
+        if started > rt.settings.max_turn_deliveries:
+            return _give_up(rt, info, lease, started)
+        outcome = _run_leased(rt, info, lease)
+    finally:
+        deliveries.count_return(rt.redis, rt.keys, turn_id)
+    if outcome in NOT_RUN:
+        return outcome
     if outcome in FINISHED_TURN_STATUSES:
         _start_next(rt, info.conversation_id)
     elif outcome == "parked" and store.ready_to_continue(rt.sessions, turn_id):
         # An answer (or cancel) came while this runner still held the lease: the delivery it
         # enqueued found the lease taken and returned, so nobody else will wake the turn.
         rt.enqueue_turn(turn_id)
+    return outcome
+
+
+def _run_leased(rt: Runtime, info: TurnInfo, lease: TurnLease) -> str:
+    turn_id = info.turn_id
+    try:
+        with lease, CancelWatch(rt.redis, rt.keys.control_channel, turn_id) as cancel:
+            runner = TurnRunner(rt, info, lease, cancel)
+            try:
+                return runner.run()
+            except LeaseLost:
+                log.error("turn %s: lease lost, leaving the turn to its new runner", turn_id)
+                return "lease_lost"
+            except REDIS_DOWN:
+                raise
+            except Exception as exc:
+                log.exception("turn %s failed", turn_id)
+                return runner.finish("failed", error=f"{type(exc).__name__}: {exc}")
+    except REDIS_DOWN as exc:
+        # Nothing can be announced or dispatched without Redis. The turn stays as SQL has
+        # it (running, no lease), and the reconciler resumes it once Redis is back.
+        log.error("turn %s: Redis unavailable (%s); leaving it to be resumed", turn_id, exc)
+        return "redis_unavailable"
+
+
+def _give_up(rt: Runtime, info: TurnInfo, lease: TurnLease, started: int) -> str:
+    """A poison turn: its runs kept dying with their worker; fail it instead of a next run."""
+    error = deliveries.given_up_error(started, rt.settings.max_turn_deliveries)
+    log.error("turn %s: %s", info.turn_id, error)
+    with lease:
+        runner = TurnRunner(rt, info, lease, CancelWatch(rt.redis, rt.keys.control_channel, ""))
+        outcome = runner.finish("failed", error=error)
+    _start_next(rt, info.conversation_id)
     return outcome
 
 
@@ -195,6 +239,7 @@ class TurnRunner:
         settings = rt.settings
         self.max_steps = settings.subagent_max_steps if self.child else settings.max_steps
         self._next_cancel_check = 0.0
+        self._specs: dict[str, ToolSpec] = {}  # of the tools this runner dispatched to
 
     # -- events ------------------------------------------------------------------------
 
@@ -247,6 +292,8 @@ class TurnRunner:
             )
         else:
             self.emit("turn_resumed", {"step": turn.step})
+        if not self.child:
+            faults.maybe_kill_on_turn(self.info.text)  # test-only; a no-op in a deployment
         return self._loop()
 
     def _loop(self) -> str:
@@ -555,28 +602,12 @@ class TurnRunner:
         (Marked first, a death in between would leave calls that were never sent, lost.)
         """
         catalogue = self.rt.catalogue()
+        self._specs.update(catalogue)
         for call in pending:
             if call.tool not in catalogue:
                 self._record(call, "error", "", f"no live tool worker serves {call.tool!r} now")
         sendable = sorted((c for c in pending if c.tool in catalogue), key=lambda c: c.position)
-        self.rt.dispatcher.send(
-            [
-                (
-                    ToolCallRequest(
-                        call_id=call.id,
-                        turn_id=self.info.turn_id,
-                        conversation_id=self.info.conversation_id,
-                        user_id=self.info.user_id,
-                        workspace=self.info.workspace,
-                        tool=call.tool,
-                        input=call.input,
-                        timeout_s=call.timeout_s,
-                    ),
-                    catalogue[call.tool],
-                )
-                for call in sendable
-            ]
-        )
+        self.rt.dispatcher.send([(self._call_request(c), catalogue[c.tool]) for c in sendable])
         for call in store.mark_running(self.rt.sessions, [c.id for c in sendable]):
             self.emit(
                 "tool_call_started",
@@ -589,6 +620,41 @@ class TurnRunner:
                 },
             )
 
+    def _call_request(self, call: ToolCall) -> ToolCallRequest:
+        return ToolCallRequest(
+            call_id=call.id,
+            turn_id=self.info.turn_id,
+            conversation_id=self.info.conversation_id,
+            user_id=self.info.user_id,
+            workspace=self.info.workspace,
+            tool=call.tool,
+            input=call.input,
+            timeout_s=call.timeout_s,
+        )
+
+    def _retry(self, call: ToolCall) -> ToolCall | None:
+        """Send a call again whose worker vanished, if its tool is idempotent (else None).
+
+        Running an idempotent tool twice is harmless by its own declaration, so the model
+        gets a real result instead of ``lost``; any other call could have taken effect.
+        """
+        # Also the specs this runner saw: the workers may be gone from the catalogue now.
+        spec = self.rt.catalogue().get(call.tool) or self._specs.get(call.tool)
+        if spec is None or not spec.idempotent or call.attempts >= MAX_IDEMPOTENT_ATTEMPTS:
+            return None
+        retried = store.retry_call(self.rt.sessions, call.id, call.attempts)
+        if retried is None:
+            return None
+        log.warning(
+            "turn %s: no result for idempotent call %s (%s); sending it again (attempt %d)",
+            self.info.turn_id,
+            call.id,
+            call.tool,
+            retried.attempts,
+        )
+        self.rt.dispatcher.send([(self._call_request(retried), spec)])
+        return retried
+
     def _gather(self, running: Sequence[ToolCall]) -> str | None:
         """All-settled: each call ends with its result, or ``lost`` at its own deadline.
 
@@ -597,10 +663,11 @@ class TurnRunner:
         """
         grace_s = self.rt.settings.tool_grace_s
         waiting = {c.id: c for c in running}
-        deadline = {
-            c.id: store.as_utc(c.started_at or store.utcnow()).timestamp() + c.timeout_s + grace_s
-            for c in running
-        }
+
+        def deadline_of(c: ToolCall) -> float:
+            return store.as_utc(c.started_at or store.utcnow()).timestamp() + c.timeout_s + grace_s
+
+        deadline = {c.id: deadline_of(c) for c in running}
         key = self.rt.keys.tool_results(self.info.turn_id)
         last_id = "0-0"
         while waiting:
@@ -612,6 +679,11 @@ class TurnRunner:
             last_id = self._take_results(key, last_id, waiting, block_ms=None)
             now = time.time()
             for call_id in [cid for cid in waiting if deadline[cid] <= now]:
+                retried = self._retry(waiting[call_id])
+                if retried is not None:
+                    waiting[call_id] = retried
+                    deadline[call_id] = deadline_of(retried)
+                    continue
                 call = waiting.pop(call_id)
                 self._record(
                     call,

@@ -1,36 +1,53 @@
-"""Wake turns nobody works on: a running turn with no lease (its runner died), and a parked
+"""Wake turns nobody works on: a running turn with no lease (its runner died), a parked
 turn with something to do (a decision or client tool past its ``expires_at``, a cancel, or
-an answer whose wake-up was lost).
+an answer whose wake-up was lost), and a queued turn whose message is gone.
 
 Celery would redeliver the dead runner's message only after the visibility timeout (an hour
 by default), and nothing at all happens for a parked turn on its own. Instead each
 orchestrator looks every ``interval_s`` for such turns and enqueues them again; a duplicate
 enqueue is harmless (the lease lets one runner in, the rest return).
+
+Redis losing its data (a restart without persistence, a flush) takes the queued messages,
+the leases and the event streams with it, while SQL still holds every turn. The reconciler
+notices through the deployment epoch key (set once, gone after a loss) and then adopts every
+unfinished turn of the database, whether or not its event stream still exists.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import redis
 from sqlalchemy import select
 
-from services.orchestrator.store import Sessions, parked_turns, ready_to_continue
+from services.orchestrator.store import (
+    FINISHED_TURN_STATUSES,
+    Sessions,
+    as_utc,
+    parked_turns,
+    ready_to_continue,
+    utcnow,
+)
 from shared.db.models import Turn
 from shared.redis_keys import RedisKeys
 
 log = logging.getLogger(__name__)
 
 
-def orphaned_turns(sessions: Sessions, client: redis.Redis, keys: RedisKeys) -> list[str]:
+def orphaned_turns(
+    sessions: Sessions, client: redis.Redis, keys: RedisKeys, adopt: bool = False
+) -> list[str]:
     """Running turns of this deployment whose lease is gone (their runner stopped).
 
     "Of this deployment": the conversation has an event stream under this Redis prefix
     (the gateway appends ``turn_queued`` for every turn), so deployments that share a
     database but not a prefix (test runs, staging) never take each other's turns.
+    ``adopt``: Redis lost its data, so every running turn of the database counts as ours.
     """
     with sessions() as s:
         running = list(
@@ -41,11 +58,11 @@ def orphaned_turns(sessions: Sessions, client: redis.Redis, keys: RedisKeys) -> 
                 )
             )
         )
-    return [turn_id for turn_id, _conv in _ours_unleased(client, keys, list(running))]
+    return [turn_id for turn_id, _conv in _ours_unleased(client, keys, list(running), adopt)]
 
 
 def _ours_unleased(
-    client: redis.Redis, keys: RedisKeys, turns: list[tuple[str, str]]
+    client: redis.Redis, keys: RedisKeys, turns: list[tuple[str, str]], adopt: bool = False
 ) -> list[tuple[str, str]]:
     if not turns:
         return []
@@ -57,14 +74,64 @@ def _ours_unleased(
     return [
         t
         for t, lease, mine in zip(turns, found[0::2], found[1::2], strict=True)
-        if mine and not lease
+        if (mine or adopt) and not lease
     ]
 
 
-def stalled_parked_turns(sessions: Sessions, client: redis.Redis, keys: RedisKeys) -> list[str]:
+def stalled_parked_turns(
+    sessions: Sessions, client: redis.Redis, keys: RedisKeys, adopt: bool = False
+) -> list[str]:
     """Parked turns of this deployment, not being run, that have something to do now."""
-    candidates = _ours_unleased(client, keys, parked_turns(sessions))
+    candidates = _ours_unleased(client, keys, parked_turns(sessions), adopt)
     return [turn_id for turn_id, _conv in candidates if ready_to_continue(sessions, turn_id)]
+
+
+def stale_queued_turns(
+    sessions: Sessions,
+    client: redis.Redis,
+    keys: RedisKeys,
+    stale_s: float,
+    adopt: bool = False,
+) -> list[str]:
+    """Queued turns next in line in their conversation, queued longer than ``stale_s``.
+
+    Their message may be gone (Redis lost it, or its delivery failed on a Redis error).
+    At most one re-enqueue per turn per ``stale_s`` across all orchestrators, so a long
+    backlog is not flooded with duplicates; ``adopt`` (after a data loss) skips both waits.
+    """
+    cutoff = utcnow() - timedelta(seconds=stale_s)
+    with sessions() as s:
+        rows = s.execute(
+            select(Turn.id, Turn.conversation_id, Turn.status, Turn.created_at)
+            .where(
+                Turn.status.not_in(FINISHED_TURN_STATUSES),
+                Turn.parent_call_id.is_(None),
+            )
+            .order_by(Turn.conversation_id, Turn.seq)
+        ).all()
+    heads: dict[str, tuple[str, str, Any]] = {}
+    for turn_id, conversation_id, status, created_at in rows:
+        heads.setdefault(conversation_id, (turn_id, status, created_at))
+    candidates = [
+        (turn_id, conversation_id)
+        for conversation_id, (turn_id, status, created_at) in heads.items()
+        if status == "queued" and (adopt or as_utc(created_at) <= cutoff)
+    ]
+    found = []
+    for turn_id, _conv in _ours_unleased(client, keys, candidates, adopt):
+        ttl_ms = max(1, int(stale_s * 1000))
+        if adopt or client.set(keys.turn_requeued(turn_id), "1", nx=True, px=ttl_ms):
+            found.append(turn_id)
+    return found
+
+
+def redis_lost_data(client: redis.Redis, keys: RedisKeys, seen: str | None) -> tuple[bool, str]:
+    """(whether Redis lost its data since the epoch ``seen`` was read, the epoch now)."""
+    key = keys.deployment_epoch()
+    client.set(key, uuid.uuid4().hex, nx=True)  # a no-op unless the key is gone
+    raw: Any = client.get(key)
+    now = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return seen is not None and now != seen, now
 
 
 class Reconciler:
@@ -77,26 +144,39 @@ class Reconciler:
         keys: RedisKeys,
         enqueue_turn: Callable[[str], object],
         interval_s: float,
+        stale_queued_s: float | None = None,
     ) -> None:
         self.sessions = sessions
         self.client = client
         self.keys = keys
         self.enqueue_turn = enqueue_turn
         self.interval_s = interval_s
+        # Longer than a turn normally waits in the queue for a free orchestrator.
+        self.stale_queued_s = stale_queued_s if stale_queued_s is not None else 4 * interval_s
+        self.epoch: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="turn-reconciler", daemon=True)
 
     def sweep(self) -> list[str]:
         """One pass; returns the turns it enqueued."""
-        found = orphaned_turns(self.sessions, self.client, self.keys)
+        adopt, self.epoch = redis_lost_data(self.client, self.keys, self.epoch)
+        if adopt:
+            log.warning("Redis lost its data: adopting every unfinished turn from SQL")
+        found = orphaned_turns(self.sessions, self.client, self.keys, adopt)
         for turn_id in found:
             log.warning("turn %s is running without a runner; enqueueing it again", turn_id)
             self.enqueue_turn(turn_id)
-        woken = stalled_parked_turns(self.sessions, self.client, self.keys)
+        woken = stalled_parked_turns(self.sessions, self.client, self.keys, adopt)
         for turn_id in woken:
             log.info("parked turn %s has something to do (expiry, cancel); enqueueing it", turn_id)
             self.enqueue_turn(turn_id)
-        return found + woken
+        queued = stale_queued_turns(
+            self.sessions, self.client, self.keys, self.stale_queued_s, adopt
+        )
+        for turn_id in queued:
+            log.warning("queued turn %s may have lost its message; enqueueing it again", turn_id)
+            self.enqueue_turn(turn_id)
+        return found + woken + queued
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -106,7 +186,12 @@ class Reconciler:
                 log.warning("turn reconciler pass failed", exc_info=True)
 
     def start(self) -> None:
-        """Start sweeping."""
+        """Note the deployment epoch now (a loss right after start-up must be seen), then
+        sweep every ``interval_s``."""
+        try:
+            _lost, self.epoch = redis_lost_data(self.client, self.keys, None)
+        except redis.RedisError:
+            log.warning("could not read the deployment epoch; the first sweep will")
         self._thread.start()
 
     def stop(self) -> None:

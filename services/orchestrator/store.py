@@ -270,6 +270,27 @@ def mark_running(sessions: Sessions, call_ids: Sequence[str]) -> list[ToolCall]:
     return sorted(moved, key=lambda c: c.position)
 
 
+def retry_call(sessions: Sessions, call_id: str, attempts: int) -> ToolCall | None:
+    """A running call sent again: a new attempt from now. None if it ended or was retried
+    already (``attempts`` is what the caller saw: two runners never both retry it)."""
+    with sessions() as s, s.begin():
+        result = cast(
+            CursorResult[Any],
+            s.execute(
+                update(ToolCall)
+                .where(
+                    ToolCall.id == call_id,
+                    ToolCall.status == "running",
+                    ToolCall.attempts == attempts,
+                )
+                .values(attempts=attempts + 1, started_at=utcnow())
+            ),
+        )
+        if result.rowcount != 1:
+            return None
+        return s.get(ToolCall, call_id)
+
+
 def apply_decision(sessions: Sessions, call_id: str) -> ToolCall | None:
     """A decided needs_decision call: allow → pending, deny → denied. None if undecided."""
     with sessions() as s, s.begin():

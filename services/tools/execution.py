@@ -8,6 +8,8 @@ redelivered call of a non-idempotent tool, which is skipped because it already r
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -135,8 +137,13 @@ def execute(request: ToolCallRequest, context: ToolContext, registry: Registry) 
 
 
 def claim(client: redis.Redis, keys: RedisKeys, call_id: str) -> bool:
-    """True for the first claim of ``call_id``; False when some delivery already took it."""
-    return bool(client.set(keys.call_claim(call_id), "1", nx=True, ex=CLAIM_TTL_S))
+    """True for the first claim of ``call_id``; False when some delivery already took it.
+
+    The value names who took it (``host:pid`` of the pool process), for operators and for
+    chaos tests that kill the worker running a given call.
+    """
+    holder = f"{socket.gethostname()}:{os.getpid()}"
+    return bool(client.set(keys.call_claim(call_id), holder, nx=True, ex=CLAIM_TTL_S))
 
 
 def _bad_request(raw: Mapping[str, Any], exc: ValidationError, deps: Deps) -> ToolResult | None:

@@ -4,7 +4,8 @@
 limit; ``block`` blocks inside C (``time.sleep``, ``select``, a socket ``recv``), optionally
 with every signal blocked, as a C extension that never returns to Python would;
 ``count_calls`` increments a Redis counter so tests can count how often a call really ran
-(redelivery, claims).
+(redelivery, claims), and can then stay busy (``hold_s``) so a non-idempotent call is in
+flight when a test kills something; ``sleep`` counts too when given ``count_key``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class SleepInput(BaseModel):
     ignore_soft_limit: bool = Field(
         False, description="keep sleeping past the soft limit, so only the hard limit ends it"
     )
+    count_key: str | None = Field(
+        None, max_length=200, description="also count this run under the counter of that name"
+    )
 
 
 @registry.tool(
@@ -47,6 +51,8 @@ class SleepInput(BaseModel):
 )
 def sleep(args: SleepInput, ctx: ToolContext) -> str:
     """Sleep ``args.seconds`` (interrupted by the soft time limit unless told to ignore it)."""
+    if args.count_key is not None:
+        ctx.redis.incr(counter_key(ctx.keys, args.count_key))
     deadline = time.monotonic() + args.seconds
     while (left := deadline - time.monotonic()) > 0:
         try:
@@ -61,6 +67,9 @@ class CountCallsInput(BaseModel):
     """Input of ``count_calls``."""
 
     key: str = Field(min_length=1, max_length=200, description="name of the counter")
+    hold_s: float = Field(
+        0, ge=0, le=600, description="then stay busy this long (a non-idempotent call in flight)"
+    )
 
 
 @registry.tool(
@@ -70,8 +79,10 @@ class CountCallsInput(BaseModel):
     idempotent=False,
 )
 def count_calls(args: CountCallsInput, ctx: ToolContext) -> str:
-    """Increment the counter ``args.key`` and return its value."""
-    return str(ctx.redis.incr(counter_key(ctx.keys, args.key)))
+    """Increment the counter ``args.key``, hold for ``args.hold_s``, return the count."""
+    count = ctx.redis.incr(counter_key(ctx.keys, args.key))
+    time.sleep(args.hold_s)  # the soft time limit interrupts it
+    return str(count)
 
 
 class BlockInput(BaseModel):

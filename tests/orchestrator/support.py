@@ -106,9 +106,9 @@ class ThreadDispatcher:
     def send(self, calls: Sequence[tuple[ToolCallRequest, ToolSpec]]) -> None:
         self.sends += 1
         threads = []
-        for request, _spec in calls:
+        for request, tool_spec in calls:
             self.sent.append(request)
-            if request.call_id in self._claimed:
+            if request.call_id in self._claimed and not tool_spec.idempotent:
                 continue  # a redelivered call: the worker's claim skips it, publishing nothing
             self._claimed.add(request.call_id)
             threads.append(threading.Thread(target=self._run, args=(request,), daemon=True))
