@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -12,10 +12,28 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from services.proposals.faults import EXIT_CODE
 from services.proposals.journal import JOURNAL_DIR, TEMP_PREFIX
-from shared.db import Proposal
+from shared.db import Proposal, make_engine, make_session_factory
+from shared.db.migrate import upgrade
 from shared.event_stream import EventStream
 from shared.redis_keys import RedisKeys
 from tests.proposals.conftest import Approvals, Owner, ServiceProcess, StartService, resolved_rows
+
+
+@pytest.fixture(scope="module")
+def database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A database of this module's own: a crashed decision's outbox row stays unsent until the
+    restart, and no other service of the test session (the shared ``stack``) may relay it."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('crash-sql') / 'signalbox.db'}"
+    upgrade(url)
+    return url
+
+
+@pytest.fixture(scope="module")
+def db_sessions(database_url: str) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(database_url)
+    yield make_session_factory(engine)
+    engine.dispose()
+
 
 OLD = {"a.txt": "a old\n" * 1000, "b.txt": "b old\n" * 1000}
 NEW = {"a.txt": "a new\n" * 1500, "b.txt": "b new\n" * 1500, "sub/c.txt": "c new\n"}
