@@ -1,0 +1,1 @@
+"""Benchmarks: Signalbox measured against the bare engine underneath, in one run."""

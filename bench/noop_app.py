@@ -1,0 +1,22 @@
+"""The baseline: a bare Celery app with one no-op task, built by the same factory as Signalbox's.
+
+Its worker runs with the same pool and concurrency as the tool workers it is compared
+with (``celery -A bench.noop_app:app worker -Q bench.noop --pool prefork -c N``), so the
+difference measured is what Signalbox adds on top of Celery, not a different set-up.
+"""
+
+from __future__ import annotations
+
+from shared.celery_app import make_celery
+from shared.settings import CommonSettings, load
+
+NOOP_TASK = "bench.noop"
+NOOP_QUEUE = "bench.noop"
+
+settings = load(CommonSettings)
+app = make_celery("bench-noop", settings)
+
+
+@app.task(name=NOOP_TASK)
+def noop() -> None:
+    """Do nothing: the cheapest task Celery can run."""

@@ -1,0 +1,365 @@
+"""Benchmarks of whole turns through the real stack: first event, and a multi-step turn.
+
+The client is a real WebSocket (``tests.wsclient.WsClient``) on a real gateway; turns run
+on a real orchestrator worker whose model is the fake Messages API
+(``tests.fake_anthropic``) over HTTP, streaming in the real SSE format with no delay.
+The ``turn`` baseline runs the same loop (``services.orchestrator.loop.run_turn``) in
+this process, on the same Redis and SQL, with the model and the tools called directly.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import redis
+
+from bench.environment import DUMMY_API_KEY, BenchEnv
+from bench.stats import Result, Series
+from services.orchestrator.anthropic_model import AnthropicModel
+from services.orchestrator.loop import Runtime, run_turn
+from services.orchestrator.model import ModelEvent, ModelRequest, StepEnd, TextDelta, ToolUse
+from services.tools import test_tools
+from services.tools.execution import Deps, context_for, execute
+from shared.db.models import Conversation, Turn
+from shared.event_stream import EventStream
+from shared.events import EventKind
+from shared.ids import new_id
+from shared.settings import OrchestratorSettings, ToolsSettings
+from shared.tool_contract import ToolCallRequest, ToolSpec, publish_result
+from tests.fake_anthropic import Scripted, text, tool_use
+from tests.wsclient import Frame, WsClient
+
+TURN_TIMEOUT_S = 60.0
+TOOL_STEPS = 3
+TOOLS_PER_STEP = 4
+MODEL_STEPS = TOOL_STEPS + 1  # the tool steps, then the answer
+INSTANT_INPUT = {"seconds": 0}
+
+
+def _ts(frame: Frame) -> float:
+    """An event's server timestamp, in seconds since the epoch (millisecond resolution)."""
+    return datetime.fromisoformat(str(frame["ts"]).replace("Z", "+00:00")).timestamp()
+
+
+def _redis_round_trip(client: redis.Redis) -> float:
+    started = time.perf_counter()
+    client.ping()
+    return time.perf_counter() - started
+
+
+def _event(kind: str, turn_id: str | None = None) -> Any:
+    def match(frame: Frame) -> bool:
+        if frame.get("type") != "event" or frame.get("kind") != kind:
+            return False
+        return turn_id is None or frame.get("turn_id") == turn_id
+
+    return match
+
+
+def first_event(env: BenchEnv, rounds: int, warmup: int) -> list[Result]:
+    """``user_turn`` sent → ``turn_started`` received, turns of one conversation back to back."""
+    env.gateway()
+    env.orchestrator()
+    _user_id, token = env.user()
+    client = WsClient(env.stack.gateway_url, token)
+    latencies: list[float] = []
+    acks: list[float] = []
+    queued_to_started: list[float] = []
+    pings: list[float] = []
+    conversation_id: str | None = None
+    try:
+        for i in range(warmup + rounds):
+            env.fake.script([[text("ok", chunks=1)]])
+            started = time.perf_counter()
+            req = client.send(
+                {"type": "user_turn", "conversation_id": conversation_id, "text": f"hi {i}"}
+            )
+            seen: dict[str, float] = {}
+            frames: dict[str, Frame] = {}
+            while "ack" not in seen or "turn_started" not in seen:
+                frame = client.recv(time.monotonic() + TURN_TIMEOUT_S)
+                now = time.perf_counter() - started
+                if frame.get("req") == req and frame.get("type") in ("ack", "error"):
+                    if frame["type"] == "error":
+                        raise RuntimeError(f"user_turn refused: {frame}")
+                    seen["ack"], frames["ack"] = now, frame
+                elif frame.get("type") == "event" and frame["kind"] in (
+                    "turn_queued",
+                    "turn_started",
+                ):
+                    seen.setdefault(frame["kind"], now)
+                    frames.setdefault(frame["kind"], frame)
+            turn_id = frames["ack"]["turn_id"]
+            conversation_id = frames["ack"]["conversation_id"]
+            finished = client.wait_for(_event("turn_finished", turn_id), TURN_TIMEOUT_S)
+            if finished["data"]["status"] != "completed":
+                raise RuntimeError(f"first_event: the turn did not complete: {finished}")
+            ping = _redis_round_trip(env.redis)
+            if i >= warmup:
+                latencies.append(seen["turn_started"] * 1000)
+                acks.append(seen["ack"] * 1000)
+                pings.append(ping * 1000)
+                if "turn_queued" in frames:
+                    queued_to_started.append(
+                        (_ts(frames["turn_started"]) - _ts(frames["turn_queued"])) * 1000
+                    )
+    finally:
+        client.close()
+    measured = Series("user_turn → turn_started", latencies)
+    return [
+        Result(
+            id="first_event",
+            what="`user_turn` sent → `turn_started` received on the same WebSocket; turns "
+            "of one conversation back to back (the next sent after the last finished)",
+            measured=measured,
+            baseline=Series("redis PING round trip", pings),
+            target="p50 ≤ 20 ms",
+            met=measured.median <= 20,
+            extra={
+                "ack_ms_median": round(statistics.median(acks), 3),
+                "queued_to_started_ms_median": round(statistics.median(queued_to_started), 3)
+                if queued_to_started
+                else None,
+            },
+        )
+    ]
+
+
+# -- the turn benchmark ----------------------------------------------------------------
+
+
+def _script() -> list[Scripted]:
+    steps: list[Scripted] = [
+        [text(f"step {n}", chunks=1)]
+        + [tool_use("sleep", INSTANT_INPUT) for _ in range(TOOLS_PER_STEP)]
+        for n in range(1, TOOL_STEPS + 1)
+    ]
+    steps.append([text("done", chunks=1)])
+    return steps
+
+
+class InProcessModel:
+    """The same steps as the fake server's script, yielded directly (no HTTP, no SSE)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    @property
+    def name(self) -> str:
+        """Reported in ``turn_started``."""
+        return "in-process-instant"
+
+    def stream(self, request: ModelRequest) -> Iterator[ModelEvent]:
+        """Step ``n`` of the turn: text and four tool calls, or the final answer."""
+        step = sum(1 for m in request.messages if m["role"] == "assistant") + 1
+        if step <= TOOL_STEPS:
+            yield TextDelta(f"step {step}")
+            for _ in range(TOOLS_PER_STEP):
+                yield ToolUse(new_id("toolu"), "sleep", dict(INSTANT_INPUT))
+            yield StepEnd("tool_use", 11, 7)
+        else:
+            yield TextDelta("done")
+            yield StepEnd("end_turn", 11, 7)
+
+
+class InProcessDispatcher:
+    """Runs each call's tool function in a thread of this process and publishes its result
+    on the turn's result stream, as a tool worker would."""
+
+    def __init__(self, deps: Deps) -> None:
+        self.deps = deps
+
+    def send(self, calls: Sequence[tuple[ToolCallRequest, ToolSpec]]) -> None:
+        """Run every call at once."""
+        for request, _spec in calls:
+            threading.Thread(target=self._run, args=(request,), daemon=True).start()
+
+    def _run(self, request: ToolCallRequest) -> None:
+        result = execute(request, context_for(request, self.deps), self.deps.registry)
+        publish_result(self.deps.redis, self.deps.keys, request.turn_id, result)
+
+    def revoke(self, call_ids: Sequence[str]) -> None:
+        """Nothing to revoke: calls finish at once."""
+
+
+class TimedEvents(EventStream):
+    """The event stream, noting when ``turn_finished`` was appended (the turn's real end:
+    ``run_turn`` returns later, after its lease and cancel watch are released)."""
+
+    finished_at: float | None = None
+
+    def append(
+        self,
+        conversation_id: str,
+        kind: EventKind,
+        data: Mapping[str, Any],
+        turn_id: str | None = None,
+    ) -> str:
+        """Append, and time ``turn_finished``."""
+        event_id = super().append(conversation_id, kind, data, turn_id)
+        if kind == "turn_finished":
+            self.finished_at = time.perf_counter()
+        return event_id
+
+
+@dataclass
+class TimedRuntime(Runtime):
+    """A ``Runtime`` whose event stream times ``turn_finished``."""
+
+    timed: TimedEvents | None = None
+
+    @property
+    def events(self) -> EventStream:
+        """One timed stream for the whole run."""
+        if self.timed is None:
+            self.timed = TimedEvents(self.redis, self.keys)
+        return self.timed
+
+
+def in_process_runtime(env: BenchEnv) -> TimedRuntime:
+    """The loop's dependencies with the model and the tools in this process."""
+    kwargs = env.settings_kwargs()
+    tools_settings = ToolsSettings(internal_token=env.stack.config.internal_token, **kwargs)
+    deps = Deps.create(tools_settings, test_tools.registry)
+    return TimedRuntime(
+        settings=OrchestratorSettings(**kwargs),
+        sessions=env.sessions,
+        redis=env.redis,
+        keys=env.keys,
+        model=InProcessModel(),
+        dispatcher=InProcessDispatcher(deps),
+        enqueue_turn=lambda _turn_id: None,
+    )
+
+
+def queued_turn(env: BenchEnv, user_id: str) -> str:
+    """A new conversation with one queued turn, as the gateway would store it."""
+    with env.sessions() as s, s.begin():
+        conv = Conversation(id=new_id("conv"), user_id=user_id, workspace="default", title="b")
+        s.add(conv)
+        s.flush()
+        turn = Turn(
+            id=new_id("turn"),
+            conversation_id=conv.id,
+            user_id=user_id,
+            seq=1,
+            text="run the tools",
+            status="queued",
+        )
+        s.add(turn)
+        return turn.id
+
+
+def _step_gaps_ms(events: list[Frame]) -> list[float]:
+    """Per model step: the last event of the step before → its ``assistant_message``.
+
+    The first step counts from ``turn_started``; later ones from the last
+    ``tool_call_finished`` of the step before, so tool run time is left out.
+    """
+    gaps = []
+    since: float | None = None
+    for event in events:
+        kind = event["kind"]
+        if kind in ("turn_started", "tool_call_finished"):
+            since = _ts(event)
+        elif kind == "assistant_message" and since is not None:
+            gaps.append((_ts(event) - since) * 1000)
+            since = None
+    return gaps
+
+
+def _model_step_over_http(env: BenchEnv, model: AnthropicModel) -> float:
+    """Seconds for one tool step from the fake server through the SDK, in this process."""
+    env.fake.script([_script()[0]])
+    request = ModelRequest(
+        system="bench", messages=[{"role": "user", "content": "go"}], max_tokens=100
+    )
+    started = time.perf_counter()
+    events = list(model.stream(request))
+    if not isinstance(events[-1], StepEnd):
+        raise RuntimeError(f"turn: the fake model step did not end: {events[-3:]}")
+    return time.perf_counter() - started
+
+
+def turn(env: BenchEnv, rounds: int, warmup: int) -> list[Result]:
+    """A 3-step turn of 4 tools per step: the real stack vs the same loop in-process."""
+    env.tools(1, TOOLS_PER_STEP)
+    env.gateway()
+    env.orchestrator()
+    user_id, token = env.user()
+    client = WsClient(env.stack.gateway_url, token)
+    runtime = in_process_runtime(env)
+    http_model = AnthropicModel(DUMMY_API_KEY, env.fake.url, "bench")
+    ours: list[float] = []
+    base: list[float] = []
+    gaps: list[float] = []
+    model_steps: list[float] = []
+    try:
+        for i in range(warmup + rounds):
+            env.fake.script(_script())
+            started = time.perf_counter()
+            ack = client.request(
+                {"type": "user_turn", "conversation_id": None, "text": "run the tools"},
+                timeout_s=TURN_TIMEOUT_S,
+            )
+            if ack.get("type") != "ack":
+                raise RuntimeError(f"user_turn refused: {ack}")
+            finished = client.wait_for(_event("turn_finished", ack["turn_id"]), TURN_TIMEOUT_S)
+            wall = time.perf_counter() - started
+            data = finished["data"]
+            if data["status"] != "completed" or data["steps"] != MODEL_STEPS:
+                raise RuntimeError(f"turn: expected a completed {MODEL_STEPS}-step turn: {data}")
+            turn_events = [e for e in client.events if e.get("turn_id") == ack["turn_id"]]
+
+            turn_id = queued_turn(env, user_id)
+            timed = runtime.events
+            assert isinstance(timed, TimedEvents)
+            timed.finished_at = None
+            in_started = time.perf_counter()
+            outcome = run_turn(runtime, turn_id)
+            if outcome != "completed" or timed.finished_at is None:
+                raise RuntimeError(f"turn: the in-process turn ended {outcome!r}")
+            in_wall = timed.finished_at - in_started
+            model_s = _model_step_over_http(env, http_model)
+            if i >= warmup:
+                ours.append(wall * 1000)
+                base.append(in_wall * 1000)
+                model_steps.append(model_s * 1000)
+                gaps.extend(_step_gaps_ms(turn_events))
+            client.events.clear()
+    finally:
+        client.close()
+        http_model.client.close()
+    measured = Series("turn over the stack", ours)
+    baseline = Series("same loop in-process", base)
+    added_per_step = (measured.median - baseline.median) / MODEL_STEPS
+    return [
+        Result(
+            id="turn",
+            what=f"a turn of {TOOL_STEPS} tool steps x {TOOLS_PER_STEP} instant tools, then an "
+            f"answer ({MODEL_STEPS} model steps), instant fake model over HTTP: `user_turn` → "
+            "`turn_finished` on the WebSocket",
+            measured=measured,
+            baseline=baseline,
+            target="≤ 10 ms added per model step (median)",
+            met=added_per_step <= 10,
+            extra={
+                "model_steps": MODEL_STEPS,
+                "added_ms_per_step": round(added_per_step, 3),
+                "step_gap_ms_median": round(statistics.median(gaps), 3) if gaps else None,
+                "http_model_step_ms_median": round(statistics.median(model_steps), 3),
+                "in_process_ms_per_step": round(baseline.median / MODEL_STEPS, 3),
+            },
+            notes=[
+                "The baseline is Signalbox's own loop with its SQL and Redis writes, the "
+                "model and the tools called in-process; the difference is what the HTTP "
+                "model, Celery dispatch, tool workers and the gateway relay add.",
+            ],
+        )
+    ]

@@ -1,0 +1,60 @@
+"""The benchmark suite runs end to end at a tiny size. No timing is asserted: benchmarks
+measure, and a slow CI machine must not fail a test for being slow."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE_TIMEOUT_S = 100  # the run takes about 25 s on 2 cores; generous for a loaded CI box
+SERIES_FIELDS = {"name", "unit", "n", "median", "p99", "min", "max", "samples"}
+
+
+@pytest.mark.timeout(SMOKE_TIMEOUT_S + 20)
+def test_bench_quick_run_writes_results_and_the_page(tmp_path: Path) -> None:
+    results_dir = tmp_path / "results"
+    docs_dir = tmp_path / "docs"
+    run = subprocess.run(
+        [
+            sys.executable, "-m", "bench", "--quick", "--rounds", "2",
+            "--only", "first_event,turn,dispatch,fanout",
+            "--results-dir", str(results_dir), "--docs-dir", str(docs_dir),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=SMOKE_TIMEOUT_S,
+    )  # fmt: skip
+    assert run.returncode == 0, f"stdout:\n{run.stdout}\nstderr:\n{run.stderr[-4000:]}"
+
+    (path,) = results_dir.glob("*-quick.json")
+    body = json.loads(path.read_text())
+    assert body["quick"] is True
+    assert body["errors"] == []
+    machine = body["machine"]
+    assert machine["cores"] >= 1 and machine["python"] and machine["redis"] and machine["commit"]
+
+    by_id = {r["id"]: r for r in body["results"]}
+    assert set(by_id) == {"first_event", "turn", "dispatch", "fanout"}
+    for result in body["results"]:
+        assert set(result["measured"]) >= SERIES_FIELDS, result
+        assert result["measured"]["n"] == len(result["measured"]["samples"]) == 2
+        assert result["baseline"] is not None and set(result["baseline"]) >= SERIES_FIELDS
+        assert isinstance(result["ratio"], float) and result["ratio"] > 0
+        assert isinstance(result["met"], bool)
+        assert result["target"] and result["what"]
+    assert by_id["fanout"]["extra"]["efficiency"] > 0
+    assert by_id["turn"]["extra"]["model_steps"] == 4
+
+    page = (docs_dir / "benchmarks.md").read_text()
+    assert machine["commit"] in page
+    for label in ("`first_event`", "`turn`", "`dispatch`", "`fanout@"):
+        assert label in page
+    assert (docs_dir / "bench-latency.png").stat().st_size > 0
+    for label in ("first_event", "turn", "dispatch", "fanout"):
+        assert label in run.stdout  # each benchmark printed its line
