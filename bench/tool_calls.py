@@ -3,7 +3,7 @@
 The bench process plays the orchestrator with the orchestrator's own code: calls go out
 through ``services.orchestrator.dispatch.CeleryDispatcher`` (one Celery group, per-call
 time limits) to real prefork tool workers, and results are taken back the way
-``loop.TurnRunner._gather`` takes them: ``XREAD BLOCK`` on the turn's result stream.
+``server_calls.gather`` takes them: ``XREAD BLOCK`` on the turn's result stream.
 The baselines run a bare no-op Celery task (``bench.noop_app``) on workers started with
 the same pool and concurrency, on the same Redis, interleaved round by round.
 """

@@ -1,5 +1,7 @@
 """The orchestrator's one task: ``orchestrator.run_turn(turn_id)``. It only builds the
-dependencies (once per process) and calls the loop; the logic is in ``loop.py``."""
+dependencies (once per process) and calls the loop; the logic is in ``loop.py``. At worker
+start it also starts the process's background threads: the turn reconciler
+(``recovery.py``) and the approvals feed (``approvals.py``); both stop at shutdown."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import redis
 from celery.signals import worker_ready, worker_shutdown
 
 from services.orchestrator.anthropic_model import AnthropicModel, unset_if_empty
+from services.orchestrator.approvals import ApprovalFeed
 from services.orchestrator.demo_model import DemoModel
 from services.orchestrator.dispatch import CeleryDispatcher
 from services.orchestrator.loop import Runtime
@@ -26,6 +29,7 @@ from shared.settings import OrchestratorSettings
 
 log = logging.getLogger(__name__)
 _build_lock = threading.Lock()  # the threads pool may start several turns at once
+APPROVALS_CLIENT_NAME = "signalbox-orchestrator-approvals"
 
 
 def make_model(settings: OrchestratorSettings) -> Model:
@@ -39,15 +43,20 @@ def make_model(settings: OrchestratorSettings) -> Model:
 
 @cache
 def _runtime() -> Runtime:
+    sessions = make_session_factory(make_engine(settings.database_url))
+    keys = RedisKeys(settings.redis_prefix)
+    # Its own connection pool, named so an operator can tell it apart in CLIENT LIST.
+    feed_client = redis.Redis.from_url(settings.redis_url, client_name=APPROVALS_CLIENT_NAME)
     return Runtime(
         settings=settings,
-        sessions=make_session_factory(make_engine(settings.database_url)),
+        sessions=sessions,
         redis=redis.Redis.from_url(settings.redis_url),
-        keys=RedisKeys(settings.redis_prefix),
+        keys=keys,
         model=make_model(settings),
         dispatcher=CeleryDispatcher(app),
         enqueue_turn=lambda turn_id: app.send_task(RUN_TURN_TASK, args=[turn_id]),
         policy=policy,
+        approvals=ApprovalFeed(feed_client, keys.approvals_channel, sessions),
     )
 
 
@@ -61,18 +70,23 @@ _reconciler: Reconciler | None = None
 
 
 @worker_ready.connect
-def _start_reconciler(**_: Any) -> None:
+def _start_background(**_: Any) -> None:
     global _reconciler
     rt = runtime()
     # Sweeping once per lease period: an orphan's lease has expired by then at the latest.
     _reconciler = Reconciler(rt.sessions, rt.redis, rt.keys, rt.enqueue_turn, settings.lease_s)
     _reconciler.start()
+    if rt.approvals is not None:
+        rt.approvals.start()
 
 
 @worker_shutdown.connect
-def _stop_reconciler(**_: Any) -> None:
+def _stop_background(**_: Any) -> None:
     if _reconciler is not None:
         _reconciler.stop()
+    rt = _runtime() if _runtime.cache_info().currsize else None
+    if rt is not None and rt.approvals is not None:
+        rt.approvals.stop()
 
 
 @app.task(name=RUN_TURN_TASK, bind=True)

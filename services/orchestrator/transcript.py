@@ -5,22 +5,30 @@ the assistant message that asked for it, in ``position`` order. So every ``tool_
 model sees has exactly one ``tool_result`` whatever happened to the call (timeouts,
 denials, cancels and crashes have synthetic results), and a call that has not finished
 never reaches the model: its ``tool_use`` block is left out until it has a result.
+
+A write tool's result only says what it proposed ("proposed, awaiting approval (proposal_id
+…)"). Once a human decided that proposal, the same ``tool_result`` also says how it ended
+("proposal … was applied by the human", or rejected, conflict, expired), read from the
+``proposals`` table (``load_proposal_notes``) on every step, so the model sees the outcome
+on its next step whichever turn made the proposal.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sqlalchemy import and_, select
-from sqlalchemy.orm import Session
+from sqlalchemy import and_, func, select
+from sqlalchemy.orm import Session, aliased
 
-from shared.db.models import Message, ToolCall, Turn
+from shared.db.models import Message, Proposal, ToolCall, Turn
 
 FINAL_CALL_STATUSES = frozenset({"ok", "error", "timeout", "denied", "cancelled", "lost"})
 # ``waiting``: on a human (ask_user) or on the client that runs the tool, the turn parked.
 OPEN_CALL_STATUSES = frozenset({"pending", "needs_decision", "running", "waiting"})
+DECIDED_PROPOSAL_STATUSES = ("applied", "rejected", "conflict", "expired")
 
 
 class MessageRow(Protocol):
@@ -37,6 +45,8 @@ class MessageRow(Protocol):
 class CallRow(Protocol):
     """What the builder reads of a tool call (``shared.db.ToolCall`` has it)."""
 
+    @property
+    def id(self) -> str: ...
     @property
     def message_id(self) -> str: ...
     @property
@@ -55,8 +65,43 @@ class CallRow(Protocol):
     def timeout_s(self) -> float: ...
 
 
-def result_text(call: CallRow) -> str:
-    """What the model is told about a finished call."""
+@dataclass(frozen=True)
+class ProposalNote:
+    """A decided proposal, told to the model with the result of the call that made it."""
+
+    proposal_id: str
+    status: str  # applied | rejected | conflict | expired
+    reason: str | None = None
+    split_from: str | None = None  # set when a partial approval split it off a proposal
+
+
+ProposalNotes = Mapping[str, Sequence[ProposalNote]]  # by the id of the call that proposed
+
+
+def note_text(note: ProposalNote) -> str:
+    """One line on how a proposal ended."""
+    what = f"proposal {note.proposal_id}"
+    if note.split_from:
+        what += f" (the approved part of proposal {note.split_from})"
+    why = f": {note.reason}" if note.reason else ""
+    outcome = {
+        "applied": "was applied by the human",
+        "rejected": f"was rejected by the human{why}; nothing was written",
+        "conflict": f"was approved but could not be applied (conflict{why}); nothing was written",
+        "expired": "expired before anyone decided it; nothing was written",
+    }.get(note.status, f"ended {note.status!r}")
+    return f"{what} {outcome}"
+
+
+def result_text(call: CallRow, notes: Sequence[ProposalNote] = ()) -> str:
+    """What the model is told about a finished call (and the proposals it made)."""
+    text = _call_text(call)
+    if notes:
+        text += "\n" + "\n".join(note_text(n) for n in notes)
+    return text
+
+
+def _call_text(call: CallRow) -> str:
     output = call.output or ""
     if call.status == "ok":
         return output or "(no output)"
@@ -73,12 +118,12 @@ def result_text(call: CallRow) -> str:
     return f"{reason}\n{output}" if output and output not in reason else reason
 
 
-def tool_result_block(call: CallRow) -> dict[str, Any]:
+def tool_result_block(call: CallRow, notes: Sequence[ProposalNote] = ()) -> dict[str, Any]:
     """The ``tool_result`` block of a finished call."""
     block: dict[str, Any] = {
         "type": "tool_result",
         "tool_use_id": call.tool_use_id,
-        "content": result_text(call),
+        "content": result_text(call, notes),
     }
     if call.status != "ok":
         block["is_error"] = True
@@ -97,10 +142,13 @@ def _push(out: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) ->
 
 
 def build_messages(
-    messages: Iterable[MessageRow], calls: Mapping[str, Sequence[CallRow]]
+    messages: Iterable[MessageRow],
+    calls: Mapping[str, Sequence[CallRow]],
+    notes: ProposalNotes | None = None,
 ) -> list[dict[str, Any]]:
     """The Messages-API ``messages`` of a conversation: ``messages`` in order, ``calls`` by
-    message id."""
+    message id, ``notes`` on decided proposals by the id of the call that proposed them."""
+    notes = notes or {}
     out: list[dict[str, Any]] = []
     for msg in messages:
         blocks = [dict(b) for b in msg.content if isinstance(b, dict)]
@@ -124,19 +172,54 @@ def build_messages(
             elif block.get("type") != "text" or block.get("text"):
                 kept.append(block)
         _push(out, "assistant", kept)
-        _push(
-            out, "user", [tool_result_block(c) for c in sorted(answered, key=lambda c: c.position)]
-        )
+        results = [
+            tool_result_block(c, notes.get(c.id, ()))
+            for c in sorted(answered, key=lambda c: c.position)
+        ]
+        _push(out, "user", results)
     return out
 
 
+def load_proposal_notes(session: Session, conversation_id: str) -> dict[str, list[ProposalNote]]:
+    """The decided proposals of a conversation, by the id of the call that proposed them.
+
+    A partial approval's child proposal has no call of its own: it is told with its
+    parent's call.
+    """
+    parent = aliased(Proposal)
+    rows = session.execute(
+        select(
+            Proposal.id,
+            Proposal.status,
+            Proposal.reason,
+            Proposal.parent_id,
+            func.coalesce(Proposal.call_id, parent.call_id),
+        )
+        .outerjoin(parent, parent.id == Proposal.parent_id)
+        .where(
+            Proposal.conversation_id == conversation_id,
+            Proposal.status.in_(DECIDED_PROPOSAL_STATUSES),
+        )
+        .order_by(Proposal.decided_at, Proposal.id)
+    ).all()
+    notes: dict[str, list[ProposalNote]] = defaultdict(list)
+    for proposal_id, status, reason, parent_id, call_id in rows:
+        if call_id is not None:
+            notes[call_id].append(ProposalNote(proposal_id, status, reason, parent_id))
+    return dict(notes)
+
+
 def load_messages(
-    session: Session, conversation_id: str, child_turn_id: str | None = None
+    session: Session,
+    conversation_id: str,
+    child_turn_id: str | None = None,
+    notes: ProposalNotes | None = None,
 ) -> list[dict[str, Any]]:
     """The transcript of a conversation as the model should see it now.
 
     A spawn_agent child turn sees only its own messages (``child_turn_id``); the
-    conversation sees none of its children's, only the parent call's result.
+    conversation sees none of its children's, only the parent call's result. ``notes``:
+    the proposal notes already read (``load_proposal_notes``); None reads them here.
     """
     if child_turn_id is not None:
         scope = Message.turn_id == child_turn_id
@@ -156,4 +239,6 @@ def load_messages(
     by_message: dict[str, list[ToolCall]] = defaultdict(list)
     for call in call_rows:
         by_message[call.message_id].append(call)
-    return build_messages(rows, by_message)
+    if notes is None:
+        notes = {} if child_turn_id is not None else load_proposal_notes(session, conversation_id)
+    return build_messages(rows, by_message, notes)

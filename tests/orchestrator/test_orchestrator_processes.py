@@ -8,6 +8,7 @@ import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -143,6 +144,17 @@ def test_a_turn_runs_across_processes_with_parallel_tools(
     with db_sessions() as s:
         turn = s.get(Turn, turn_id)
         assert turn is not None and turn.status == "completed"
+
+
+def test_the_orchestrator_process_listens_for_approvals(deployment: Deployment) -> None:
+    d = deployment
+
+    def subscribers() -> int:
+        counts: Any = d.redis.pubsub_numsub(d.keys.approvals_channel)  # [(channel, n)]
+        return int(counts[0][1])
+
+    # The approvals feed subscribes when the worker starts (tasks.py, worker_ready).
+    wait_for(lambda: subscribers() == 1, what="the orchestrator's approvals feed")
 
 
 def test_a_turn_resumes_on_another_orchestrator_after_its_runner_dies(

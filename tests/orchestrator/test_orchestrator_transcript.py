@@ -30,6 +30,7 @@ class Call:
     output: str | None
     error: str | None
     timeout_s: float = 5.0
+    id: str = ""
 
 
 STATUSES = sorted(FINAL_CALL_STATUSES | OPEN_CALL_STATUSES)

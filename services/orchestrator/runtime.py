@@ -1,0 +1,51 @@
+"""What a turn needs from the outside world (SQL, Redis, the model, the tool queues), built
+once per worker process by ``tasks.py`` and handed to every run of the loop."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis
+
+from services.orchestrator.approvals import ApprovalFeed
+from services.orchestrator.dispatch import Dispatcher
+from services.orchestrator.model import Model
+from services.orchestrator.policy import ToolPolicy
+from services.orchestrator.store import Sessions
+from shared.event_stream import EventStream
+from shared.redis_keys import RedisKeys
+from shared.settings import OrchestratorSettings
+from shared.tool_contract import ToolSpec, read_catalogue
+
+# Redis errors that mean "not reachable now" rather than a bug in a command.
+REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError)
+POLL_S = 0.25  # longest single wait on the results stream: bounds how late a deadline is seen
+CANCEL_CHECK_S = 1.0  # how often the committed cancel flag is read while waiting on tools
+
+
+@dataclass
+class Runtime:
+    """Everything a turn needs from the outside world, built once per worker process."""
+
+    settings: OrchestratorSettings
+    sessions: Sessions
+    redis: redis.Redis
+    keys: RedisKeys
+    model: Model
+    dispatcher: Dispatcher
+    enqueue_turn: Callable[[str], object]
+    poll_s: float = POLL_S
+    cancel_check_s: float = CANCEL_CHECK_S
+    policy: ToolPolicy = field(default_factory=ToolPolicy)
+    # The approvals subscriber of this process; None: every step reads proposals from SQL.
+    approvals: ApprovalFeed | None = None
+
+    @property
+    def events(self) -> EventStream:
+        """The conversations' event streams."""
+        return EventStream(self.redis, self.keys)
+
+    def catalogue(self) -> dict[str, ToolSpec]:
+        """The tools live workers serve right now."""
+        return read_catalogue(self.redis, self.keys)

@@ -1,0 +1,170 @@
+"""Calls run by the tool workers: sent as one Celery group per step, gathered with deadlines.
+
+Each worker reports on the turn's result stream (``keys.tool_results``); the runner reads it
+with ``XREAD`` and its own deadline per call (its time limit plus ``tool_grace_s``), so a
+call ends ``ok``/``error``/``timeout`` with the worker's report, or ``lost`` when none came.
+An idempotent call whose worker vanished is sent again instead (``MAX_IDEMPOTENT_ATTEMPTS``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from services.orchestrator import store
+from shared.db.models import ToolCall
+from shared.tool_contract import ToolCallRequest, ToolResult
+
+if TYPE_CHECKING:
+    from services.orchestrator.turn_runner import TurnRunner
+
+log = logging.getLogger(__name__)
+
+MAX_IDEMPOTENT_ATTEMPTS = 3  # an idempotent call whose worker vanished is sent twice more
+RESULTS_PER_READ = 64
+
+
+def dispatch(runner: TurnRunner, pending: Sequence[ToolCall]) -> None:
+    """Send the step's calls as one group, then mark them running and announce them.
+
+    Sent before marked: if this runner dies in between, the next one finds the calls
+    still pending and sends them again; the tool worker's claim on the call id skips
+    the duplicate, and the first run's result is on the results stream all the same.
+    (Marked first, a death in between would leave calls that were never sent, lost.)
+    """
+    catalogue = runner.rt.catalogue()
+    runner.specs.update(catalogue)
+    for call in pending:
+        if call.tool not in catalogue:
+            runner.record(call, "error", "", f"no live tool worker serves {call.tool!r} now")
+    sendable = sorted((c for c in pending if c.tool in catalogue), key=lambda c: c.position)
+    runner.rt.dispatcher.send([(call_request(runner, c), catalogue[c.tool]) for c in sendable])
+    for call in store.mark_running(runner.rt.sessions, [c.id for c in sendable]):
+        runner.emit(
+            "tool_call_started",
+            {
+                "call_id": call.id,
+                "tool": call.tool,
+                "input": call.input,
+                "timeout_s": call.timeout_s,
+                "executor": "server",
+            },
+        )
+
+
+def call_request(runner: TurnRunner, call: ToolCall) -> ToolCallRequest:
+    """The task payload of a call, as the tool worker receives it."""
+    info = runner.info
+    return ToolCallRequest(
+        call_id=call.id,
+        turn_id=info.turn_id,
+        conversation_id=info.conversation_id,
+        user_id=info.user_id,
+        workspace=info.workspace,
+        tool=call.tool,
+        input=call.input,
+        timeout_s=call.timeout_s,
+    )
+
+
+def retry(runner: TurnRunner, call: ToolCall) -> ToolCall | None:
+    """Send a call again whose worker vanished, if its tool is idempotent (else None).
+
+    Running an idempotent tool twice is harmless by its own declaration, so the model
+    gets a real result instead of ``lost``; any other call could have taken effect.
+    """
+    # Also the specs this runner saw: the workers may be gone from the catalogue now.
+    spec = runner.rt.catalogue().get(call.tool) or runner.specs.get(call.tool)
+    if spec is None or not spec.idempotent or call.attempts >= MAX_IDEMPOTENT_ATTEMPTS:
+        return None
+    retried = store.retry_call(runner.rt.sessions, call.id, call.attempts)
+    if retried is None:
+        return None
+    log.warning(
+        "turn %s: no result for idempotent call %s (%s); sending it again (attempt %d)",
+        runner.info.turn_id,
+        call.id,
+        call.tool,
+        retried.attempts,
+    )
+    runner.rt.dispatcher.send([(call_request(runner, retried), spec)])
+    return retried
+
+
+def gather(runner: TurnRunner, running: Sequence[ToolCall]) -> str | None:
+    """All-settled: each call ends with its result, or ``lost`` at its own deadline.
+
+    Reads the turn's result stream from the start, so results published while no
+    runner was listening (a resumed turn) are found too.
+    """
+    grace_s = runner.rt.settings.tool_grace_s
+    waiting = {c.id: c for c in running}
+
+    def deadline_of(c: ToolCall) -> float:
+        return store.as_utc(c.started_at or store.utcnow()).timestamp() + c.timeout_s + grace_s
+
+    deadline = {c.id: deadline_of(c) for c in running}
+    key = runner.rt.keys.tool_results(runner.info.turn_id)
+    last_id = "0-0"
+    while waiting:
+        runner.lease.check()
+        if runner.cancelled():
+            return "cancelled"
+        # What already arrived counts before any deadline is judged: a resumed runner,
+        # or one back from a long sub-agent, must not call a delivered result lost.
+        last_id = _take_results(runner, key, last_id, waiting, block_ms=None)
+        now = time.time()
+        for call_id in [cid for cid in waiting if deadline[cid] <= now]:
+            retried = retry(runner, waiting[call_id])
+            if retried is not None:
+                waiting[call_id] = retried
+                deadline[call_id] = deadline_of(retried)
+                continue
+            call = waiting.pop(call_id)
+            runner.record(
+                call,
+                "lost",
+                "",
+                f"no result within {call.timeout_s:g} s + {grace_s:g} s grace: the tool "
+                "worker vanished; the call may or may not have taken effect",
+            )
+        if not waiting:
+            break
+        wait_s = min(max(min(deadline[c] for c in waiting) - now, 0.001), runner.rt.poll_s)
+        last_id = _take_results(runner, key, last_id, waiting, max(1, int(wait_s * 1000)))
+    return None
+
+
+def _take_results(
+    runner: TurnRunner,
+    key: str,
+    last_id: str,
+    waiting: dict[str, ToolCall],
+    block_ms: int | None,
+) -> str:
+    """Record the results after ``last_id`` (blocking up to ``block_ms`` for the first)."""
+    while True:
+        reply: Any = runner.rt.redis.xread({key: last_id}, block=block_ms, count=RESULTS_PER_READ)
+        read = 0
+        for _stream, entries in reply or []:
+            for entry_id, fields in entries:
+                read += 1
+                last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                raw = fields.get(b"r", fields.get("r"))
+                try:
+                    result = ToolResult.model_validate_json(raw)
+                except (ValidationError, TypeError):
+                    log.warning("turn %s: unreadable tool result %r", runner.info.turn_id, raw)
+                    continue
+                done = waiting.pop(result.call_id, None)
+                if done is not None:
+                    runner.record(
+                        done, result.status, result.output, result.error, result.duration_ms
+                    )
+        if read < RESULTS_PER_READ:
+            return last_id
+        block_ms = None  # a full batch: more may be there already

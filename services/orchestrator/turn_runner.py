@@ -1,0 +1,247 @@
+"""One turn as a state machine over what SQL holds.
+
+Every pass starts from what is committed, so the same code runs a fresh turn, resumes one
+whose runner died, and continues a parked one:
+
+    queued ──start──► running ─┬─ model step ─► calls pending ─dispatch─► running ─gather─┐
+                               │     ▲                                                    │
+                               │     └──────────────── all calls ended ◄──────────────────┘
+                               ├─ step without calls ─► completed
+                               ├─ max_steps ─► step_limit      ├─ cancel ─► cancelled
+                               ├─ needs_decision / waiting ─► parked   └─ error ─► failed
+
+A call starts by its executor: a tool worker (``server_calls.py``: one Celery group per
+step, results gathered with deadlines), the client that declared it, a human, or this loop
+itself (``own_calls.py``: client tools, ``ask_user``, ``spawn_agent``). A turn whose open
+calls all wait on someone parks: no worker slot is held; the answer, the decision, an
+expiry (the reconciler) or a cancel enqueues it again. The model step itself is in
+``model_step.py``; the delivery around a pass (lease, ordering) in ``loop.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from services.orchestrator import faults, model_step, own_calls, server_calls, store
+from services.orchestrator.cancel_watch import CancelWatch
+from services.orchestrator.lease import TurnLease
+from services.orchestrator.runtime import Runtime
+from services.orchestrator.store import CLIENT, FINISHED_TURN_STATUSES, INLINE, SERVER, TurnInfo
+from services.orchestrator.text_deltas import preview
+from services.orchestrator.transcript import OPEN_CALL_STATUSES
+from shared.db.models import ToolCall
+from shared.events import EventKind
+from shared.tool_contract import ToolSpec
+
+log = logging.getLogger(__name__)
+
+
+class TurnRunner:
+    """One pass over one turn (or a spawn_agent child turn), holding its root turn's lease."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        info: TurnInfo,
+        lease: TurnLease,
+        cancel: CancelWatch,
+        root_turn_id: str | None = None,
+    ) -> None:
+        self.rt = rt
+        self.info = info
+        self.lease = lease
+        self.cancel = cancel
+        self.root_turn_id = root_turn_id or info.turn_id  # whose cancel flag stops this one
+        self.child = info.parent_call_id is not None
+        settings = rt.settings
+        self.max_steps = settings.subagent_max_steps if self.child else settings.max_steps
+        self._next_cancel_check = 0.0
+        self.specs: dict[str, ToolSpec] = {}  # of the tools this runner dispatched to
+        self.notes = model_step.NotesCache()  # the proposal notes its last model step read
+
+    def child_runner(self, info: TurnInfo) -> TurnRunner:
+        """A runner for a spawn_agent child turn, under this runner's lease and cancel."""
+        return TurnRunner(self.rt, info, self.lease, self.cancel, self.root_turn_id)
+
+    # -- events ------------------------------------------------------------------------
+
+    def emit(self, kind: EventKind, data: dict[str, Any]) -> str:
+        """Append one event of this turn to its conversation's stream."""
+        if self.child:
+            data = {**data, "parent_call_id": self.info.parent_call_id}
+        return self.rt.events.append(self.info.conversation_id, kind, data, self.info.turn_id)
+
+    def finished(self, call: ToolCall) -> None:
+        """Announce a call that reached its final status."""
+        self.emit(
+            "tool_call_finished",
+            {
+                "call_id": call.id,
+                "tool": call.tool,
+                "status": call.status,
+                "output": preview(call.output or ""),
+                "error": call.error,
+                "duration_ms": call.duration_ms or 0,
+            },
+        )
+
+    def record(
+        self,
+        call: ToolCall,
+        status: str,
+        output: str,
+        error: str | None,
+        duration_ms: int | None = None,
+    ) -> None:
+        """End a call with its result (once: a call already ended stays as it is)."""
+        done = store.record_result(self.rt.sessions, call.id, status, output, error, duration_ms)
+        if done is not None:
+            self.finished(done)
+
+    # -- the state machine -------------------------------------------------------------
+
+    def run(self) -> str:
+        """Bring the turn from its committed state as far as it can go."""
+        turn = store.get_turn(self.rt.sessions, self.info.turn_id)
+        if turn.status in FINISHED_TURN_STATUSES:
+            return "finished"
+        if turn.status == "queued":
+            if turn.cancel_requested:
+                return self.finish("cancelled")
+            if store.start_turn(self.rt.sessions, self.info, self.rt.model.name):
+                self.emit("turn_started", {"model": self.rt.model.name})
+        elif turn.status == "parked":
+            store.set_turn_status(
+                self.rt.sessions, self.info.turn_id, "running", only_from="parked"
+            )
+        else:
+            self.emit("turn_resumed", {"step": turn.step})
+        if not self.child:
+            faults.maybe_kill_on_turn(self.info.text)  # test-only; a no-op in a deployment
+        return self._loop()
+
+    def _loop(self) -> str:
+        while True:
+            self.lease.check()
+            if self.cancelled(force=True):
+                return self.finish("cancelled")
+            message, calls = store.last_assistant_message(self.rt.sessions, self.info.turn_id)
+            if message is not None:
+                if any(c.status in OPEN_CALL_STATUSES for c in calls):
+                    outcome = self._settle()
+                    if outcome is not None:
+                        return outcome
+                    continue
+                if not calls:
+                    return self.finish("completed")
+            turn = store.get_turn(self.rt.sessions, self.info.turn_id)
+            if turn.step >= self.max_steps:
+                return self.finish("step_limit")
+            outcome = model_step.take_step(self)
+            if outcome is not None:
+                return outcome
+
+    def cancelled(self, force: bool = False) -> bool:
+        """Whether the turn (or its root turn) was cancelled; SQL is read at most every
+        ``cancel_check_s`` unless ``force``."""
+        if self.cancel.is_set():
+            return True
+        now = time.monotonic()
+        if force or now >= self._next_cancel_check:
+            self._next_cancel_check = now + self.rt.cancel_check_s
+            if store.cancel_requested(self.rt.sessions, self.root_turn_id):
+                self.cancel.set()
+        return self.cancel.is_set()
+
+    def open_calls(self) -> list[ToolCall]:
+        """The calls of this turn that have not ended."""
+        return store.open_calls(self.rt.sessions, self.info.turn_id)
+
+    def _settle(self) -> str | None:
+        """Drive the open calls of the latest step to their end; an outcome ends the run."""
+        for call in self.open_calls():
+            if call.status == "needs_decision":
+                self._decided_or_expired(call)
+            elif call.status == "waiting":
+                self._maybe_expire_waiting(call)
+        pending = [c for c in self.open_calls() if c.status == "pending"]
+        server = [c for c in pending if c.executor == SERVER]
+        if server:
+            server_calls.dispatch(self, server)
+        for call in pending:
+            if call.executor == CLIENT:
+                own_calls.offer_to_client(self, call)
+            elif call.executor == INLINE:
+                own_calls.start_inline(self, call)
+        running = [c for c in self.open_calls() if c.status == "running"]
+        for call in running:
+            if call.executor == INLINE and own_calls.run_child(self, call) == "cancelled":
+                return self.finish("cancelled")
+        workers = [c for c in running if c.executor == SERVER]
+        if workers and server_calls.gather(self, workers) == "cancelled":
+            return self.finish("cancelled")
+        now = store.utcnow()
+        if any(store.unresolved(c, now) for c in self.open_calls()):
+            # No worker slot is held while someone decides or answers; that (or an expiry
+            # the reconciler sees) enqueues the turn again.
+            store.set_turn_status(
+                self.rt.sessions, self.info.turn_id, "parked", only_from="running"
+            )
+            return "parked"
+        return None
+
+    def _decided_or_expired(self, call: ToolCall) -> None:
+        decided = store.apply_decision(self.rt.sessions, call.id)
+        if decided is not None:
+            if decided.status == "denied":
+                self.finished(decided)
+            return
+        expired = store.expire_decision(self.rt.sessions, call.id)
+        if expired is not None:
+            self.emit("tool_call_decided", {"call_id": call.id, "decision": "expired"})
+            self.finished(expired)
+
+    def _maybe_expire_waiting(self, call: ToolCall) -> None:
+        who = "the human" if call.executor == INLINE else "the client"
+        error = f"{who} did not answer within {call.timeout_s:g} s"
+        expired = store.expire_waiting(self.rt.sessions, call.id, error)
+        if expired is not None:
+            self.finished(expired)
+
+    # -- the end -----------------------------------------------------------------------
+
+    def finish(self, status: str, error: str | None = None) -> str:
+        """End the turn: open calls are cancelled, then ``turn_finished``."""
+        closing = self.open_calls()
+        for call in closing:
+            reason = None if status == "cancelled" else f"the turn ended ({status})"
+            self.record(call, "cancelled", "", reason)
+        in_flight = [c.id for c in closing if c.status == "running"]
+        if in_flight:
+            try:
+                self.rt.dispatcher.revoke(in_flight)
+            except Exception:  # revoking is best effort; the calls are already recorded
+                log.warning("turn %s: could not revoke %s", self.info.turn_id, in_flight)
+        turn = store.finish_turn(
+            self.rt.sessions,
+            self.info.turn_id,
+            status,
+            error,
+            usage_to=self.root_turn_id if self.child else None,  # the parent pays for its child
+        )
+        if turn is not None:
+            self.emit(
+                "turn_finished",
+                {
+                    "status": status,
+                    "steps": turn.step,
+                    "usage": {
+                        "input_tokens": turn.input_tokens,
+                        "output_tokens": turn.output_tokens,
+                    },
+                    "error": error,
+                },
+            )
+        return status
