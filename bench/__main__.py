@@ -3,6 +3,7 @@
 python -m bench                       # the whole suite (about 5 minutes on 2 cores)
 python -m bench --only relay,turn     # some of it; the page keeps the others' last figures
 python -m bench --quick --rounds 2    # tiny sizes, for the smoke test (no page)
+python -m bench --only load           # issue 7's load run: 200 conversations at once (~1 min)
 python -m bench --profile             # also profile the services where a target is missed
 """
 
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import gateway_load, report, tool_calls, turns
+from bench import gateway_load, load, report, tool_calls, tool_overhead, turns
 from bench.environment import BenchEnv
 from bench.profiling import SAMPLE_RATE_HZ, recording
 from bench.stats import Result
@@ -89,6 +90,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         rounds=5,
         quick_rounds=1,
     ),
+    "tool_overhead": Benchmark(
+        lambda _env, o: tool_overhead.tool_overhead(o.rounds, o.warmup),
+        rounds=2000,
+        quick_rounds=20,
+    ),
     "fanout": Benchmark(
         lambda env, o: tool_calls.fanout(env, o.rounds, o.warmup, o.quick),
         rounds=10,
@@ -104,6 +110,13 @@ BENCHMARKS: dict[str, Benchmark] = {
         lambda env, o: gateway_load.connections(env, o.quick, o.rounds),
         rounds=1,
         quick_rounds=1,
+    ),
+    # Last: it adds a second orchestrator (stopped again at its end) and 200 conversations.
+    "load": Benchmark(
+        lambda env, o: load.load(env, o.quick, o.warmup),
+        rounds=1,
+        quick_rounds=1,
+        profile={"gateway": GATEWAY_FOCUS, "orchestrator1": ORCHESTRATOR_FOCUS},
     ),
 }
 

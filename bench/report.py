@@ -19,6 +19,7 @@ from bench.machine import REPO
 RESULTS_DIR = REPO / "bench" / "results"
 DOCS_DIR = REPO / "docs"
 ANALYSIS = REPO / "bench" / "analysis.md"
+LOAD_ANALYSIS = REPO / "bench" / "load_analysis.md"  # the prose of the Load section
 ORDER = [
     "dispatch",
     "fanout",
@@ -28,6 +29,7 @@ ORDER = [
     "turn",
     "first_event",
     "throughput",
+    "load",
 ]
 
 
@@ -157,6 +159,100 @@ def _details(results: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _load_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    x, m = r.get("extra", {}), r["measured"]
+    b = r.get("baseline") or {}
+    n = x.get("conversations", "?")
+    return [
+        ("conversations at once (one WebSocket client each)", str(n)),
+        (
+            "gateways / orchestrators / tool workers (prefork slots each)",
+            f"{x.get('gateways')} / {x.get('orchestrators')} / {x.get('tool_workers')} "
+            f"({x.get('tools_concurrency')})",
+        ),
+        ("turns completed, seen by their client", f"{x.get('completed')} of {n}"),
+        ("turns completed, in SQL", f"{x.get('sql_turn_statuses', {}).get('completed', 0)} of {n}"),
+        ("`user_turn` answered with `error`", str(x.get("refused"))),
+        (
+            "turns/s (clients' clock; SQL's clock)",
+            f"{x.get('turns_per_s')}; {x.get('turns_per_s_sql')}",
+        ),
+        ("turn latency p50 / p99", f"{_fmt(m['median'], 'ms')} / {_fmt(m['p99'], 'ms')}"),
+        ("the same turn alone, p50", _fmt(b.get("median"), "ms")),
+        (
+            "events in the streams / received",
+            f"{x.get('events_expected')} / {x.get('events_received')}",
+        ),
+        ("lost events", str(x.get("lost_events"))),
+        ("duplicated events", str(x.get("duplicated_events"))),
+        ("out-of-order events", str(x.get("out_of_order_events"))),
+        (
+            "tool executions / calls asked",
+            f"{x.get('tool_executions')} / {x.get('tool_executions_expected')}",
+        ),
+        ("run wall time", _fmt(x.get("wall_s"), "s")),
+    ]
+
+
+def _load_section(run: dict[str, Any]) -> list[str]:
+    """The load run of issue 7: its figures, the machine, and what went wrong (with logs)."""
+    results = [r for r in run["results"] if r["id"] == "load"]
+    if not results:
+        return []
+    machine = run["machine"]
+    commits = {s["started_at"]: s["commit"] for s in run.get("sources", [])}
+    lines = [
+        "## Load",
+        "",
+        "Issue 7's load run, `python -m bench --only load` (about a minute on 2 cores): "
+        "every conversation starts at once; after the run each client's events are compared "
+        "with its conversation's Redis stream (the reference), SQL is read for every turn "
+        "and tool call, and `count_calls` counters say how often the tool really ran.",
+        "",
+    ]
+    for r in sorted(results, key=_sort_key):
+        commit = commits.get(r.get("from_run", run["started_at"]), machine["commit"])
+        x = r.get("extra", {})
+        lines += [
+            f"### `{r['label']}`: {_verdict(r['met'])} ({r['target']})",
+            "",
+            f"**Machine:** {machine['cores']} cores ({machine['cpu']}), Python "
+            f"{machine['python']}, Redis {machine['redis']}, commit `{commit}`; load average "
+            f"{x.get('loadavg_1m_before', '?')} before, {x.get('loadavg_1m_after', '?')} after.",
+            "",
+            "| | |",
+            "|---|---|",
+            *(f"| {k} | {v} |" for k, v in _load_rows(r)),
+            "",
+        ]
+        cpu = x.get("cpu_s") or {}
+        if cpu:
+            wall = x.get("wall_s") or 0
+            lines.append(
+                f"CPU seconds during the {wall:.0f} s run: "
+                + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items(), key=lambda i: -i[1]))
+                + "."
+            )
+            lines.append("")
+        for note in r.get("notes", []):
+            lines.append(f"> {note}")
+            lines.append("")
+        problems = x.get("log_problems") or {}
+        if problems:
+            lines.append("Problems the services logged during the run (count, then samples):")
+            lines.append("")
+            lines.append("```")
+            for process, found in problems.items():
+                lines.append(f"{process}: {found['errors']} errors, {found['warnings']} warnings")
+                lines.extend(f"  {sample}" for sample in found["samples"][:3])
+            lines.append("```")
+            lines.append("")
+    if LOAD_ANALYSIS.exists():
+        lines.append(LOAD_ANALYSIS.read_text().rstrip())
+        lines.append("")
+    return lines
+
+
 def _profiles(run: dict[str, Any]) -> list[str]:
     profiles = run.get("profiles") or {}
     if not profiles:
@@ -245,6 +341,7 @@ def render_markdown(run: dict[str, Any], plots: Sequence[str]) -> str:
     for plot in plots:
         lines.append(f"![{plot}]({plot})")
         lines.append("")
+    lines.extend(_load_section(run))
     if ANALYSIS.exists():
         lines.append(ANALYSIS.read_text().rstrip())
         lines.append("")
@@ -353,7 +450,7 @@ def render_plots(run: dict[str, Any], docs_dir: Path) -> list[str]:
         ax.legend(fontsize=8)
         save(fig, "bench-throughput.png")
 
-    turn = [r for r in results if r["id"] in ("turn", "first_event")]
+    turn = [r for r in results if r["id"] in ("turn", "first_event", "load")]
     if turn:
         fig, axes = plt.subplots(1, len(turn), figsize=(5 * len(turn), 4.2), squeeze=False)
         for ax, r in zip(axes[0], turn, strict=False):

@@ -22,7 +22,7 @@ def test_bench_quick_run_writes_results_and_the_page(tmp_path: Path) -> None:
     run = subprocess.run(
         [
             sys.executable, "-m", "bench", "--quick", "--rounds", "2",
-            "--only", "first_event,turn,dispatch,fanout",
+            "--only", "first_event,turn,dispatch,fanout,load",
             "--results-dir", str(results_dir), "--docs-dir", str(docs_dir),
         ],
         cwd=REPO,
@@ -40,21 +40,32 @@ def test_bench_quick_run_writes_results_and_the_page(tmp_path: Path) -> None:
     assert machine["cores"] >= 1 and machine["python"] and machine["redis"] and machine["commit"]
 
     by_id = {r["id"]: r for r in body["results"]}
-    assert set(by_id) == {"first_event", "turn", "dispatch", "fanout"}
+    assert set(by_id) == {"first_event", "turn", "dispatch", "fanout", "load"}
     for result in body["results"]:
         assert set(result["measured"]) >= SERIES_FIELDS, result
-        assert result["measured"]["n"] == len(result["measured"]["samples"]) == 2
+        if result["id"] != "load":  # the load's samples are its conversations
+            assert result["measured"]["n"] == len(result["measured"]["samples"]) == 2
         assert result["baseline"] is not None and set(result["baseline"]) >= SERIES_FIELDS
         assert isinstance(result["ratio"], float) and result["ratio"] > 0
         assert isinstance(result["met"], bool)
         assert result["target"] and result["what"]
     assert by_id["fanout"]["extra"]["efficiency"] > 0
     assert by_id["turn"]["extra"]["model_steps"] == 4
+    # The load run checks correctness, not speed: at its quick size every turn completes
+    # and every event reaches its client once, in order.
+    load = by_id["load"]["extra"]
+    conversations = load["conversations"]
+    assert by_id["load"]["measured"]["n"] == conversations > 1
+    assert load["completed"] == load["sql_turn_statuses"]["completed"] == conversations, load
+    assert load["events_received"] == load["events_expected"] > 0, load
+    assert load["lost_events"] == load["duplicated_events"] == load["out_of_order_events"] == 0
+    assert load["tool_executions"] == load["tool_executions_expected"] == conversations * 12
+    assert by_id["load"]["met"] is True, by_id["load"]["notes"]
 
     page = (docs_dir / "benchmarks.md").read_text()
     assert machine["commit"] in page
-    for label in ("`first_event`", "`turn`", "`dispatch`", "`fanout@"):
+    for label in ("`first_event`", "`turn`", "`dispatch`", "`fanout@", "## Load", "`load@"):
         assert label in page
     assert (docs_dir / "bench-latency.png").stat().st_size > 0
-    for label in ("first_event", "turn", "dispatch", "fanout"):
+    for label in ("first_event", "turn", "dispatch", "fanout", "load@"):
         assert label in run.stdout  # each benchmark printed its line
