@@ -184,7 +184,8 @@ async def _raw_round(
     period = period_s(len(streams))
     per = int(duration_s / period)
     buckets = [_Latencies(expected=per) for _ in streams]
-    # One connection per reader, as the gateway's followers each hold one while blocked.
+    # One connection per reader: the bare engine at its fastest. (The gateway reads every
+    # stream it follows on one connection: services/gateway/stream_reader.py.)
     pool = aioredis.BlockingConnectionPool.from_url(
         env.redis_url, decode_responses=True, max_connections=len(streams) + 4,
         socket_timeout=RAW_BLOCK_MS / 1000 + 10, socket_connect_timeout=30,

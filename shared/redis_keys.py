@@ -39,6 +39,10 @@ class RedisKeys:
         """A value set once per Redis lifetime; its disappearance means Redis lost its data."""
         return f"{self.prefix}epoch"
 
+    def relay_wake(self, reader_id: str) -> str:
+        """A gateway relay reader's wake-up stream: written to when it follows a new stream."""
+        return f"{self.prefix}relay-wake:{reader_id}"
+
     def tool_catalogue(self) -> str:
         """Sorted set of live tool-worker catalogue keys, scored by expiry time."""
         return f"{self.prefix}tools:workers"

@@ -1,11 +1,12 @@
 """Relay of conversation event streams to the sockets of this gateway process.
 
-One follower task per conversation that has a local subscriber blocks in ``XREAD`` from a
-concrete last id and offers each event to every subscription. Joining loses nothing and
-duplicates nothing:
+Every conversation with a local subscriber is followed from a concrete last id by one of
+the process's ``StreamReader``s (one connection, one ``XREAD`` over up to
+``STREAMS_PER_READ`` streams; see stream_reader.py), and each event it reads is offered
+to every subscription of its conversation. Joining loses nothing and duplicates nothing:
 
-1. the subscription registers with the follower first, buffering what the follower
-   offers; the follower's starting position is known before step 2 starts;
+1. the subscription registers first, buffering what is offered; the conversation's
+   starting position is known (and handed to a reader) before step 2 starts;
 2. the subscriber's writer replays the stored events after ``after`` page by page (paced
    by the socket, so a long history never floods the bounded queue);
 3. it then sends the buffered live events and switches to live delivery.
@@ -16,23 +17,28 @@ Every event passes one check: its id must be after the last id sent on that subs
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 
-import redis.exceptions
+from redis.asyncio.connection import ConnectionPool
 
-from shared.event_stream import AsyncEventStream, id_after
+from services.gateway.stream_reader import Entry, StreamReader
+from shared.event_stream import AsyncEventStream, decode, id_after
 from shared.events import Event
 
 log = logging.getLogger(__name__)
 
 REPLAY_PAGE = 500  # events read per XRANGE while catching up
-FOLLOW_BLOCK_MS = 5_000  # a follower is stopped by cancellation, so a long block costs nothing
-# redis-py 8 defaults to a 5 s socket timeout, which would cut every blocked XREAD short.
+# New streams wake the read at once (stream_reader.py); the block only bounds the delay if
+# a wake-up is lost, and costs one idle XREAD per reader per period.
+FOLLOW_BLOCK_MS = 1_000
+# redis-py 8 defaults to a 5 s socket timeout; a blocked XREAD must never hit it.
 RELAY_SOCKET_TIMEOUT_S = FOLLOW_BLOCK_MS / 1000 + 10
-FOLLOW_RETRY_S = 0.5  # back-off after a Redis error, so a Redis outage is not a busy loop
+# Streams in one XREAD: Redis and the packing cost ~1 µs per stream on every read, and a
+# read follows nearly every event, so past this a second connection takes the next ones.
+STREAMS_PER_READ = 1_000
 
 Deliver = Callable[[Event, str], None]  # queues one event (and its JSON); raises QueueFull
 
@@ -69,7 +75,7 @@ class Subscription:
         self._on_overflow()
 
     def offer(self, event: Event, text: str) -> None:
-        """Called by the follower for each new event; never blocks."""
+        """Called by the relay for each new event; never blocks."""
         if self.closed:
             return
         if self._buffer is not None:
@@ -114,56 +120,47 @@ class Subscription:
         self._buffer = None
 
 
-class _Follower:
-    """The one XREAD loop of a conversation in this process."""
+class _Followed:
+    """A conversation followed by this process: its subscriptions and where it is read."""
 
-    def __init__(self, hub: RelayHub, conversation_id: str) -> None:
-        self.hub = hub
+    def __init__(self, conversation_id: str, key: str) -> None:
         self.conversation_id = conversation_id
+        self.key = key
         self.subscriptions: set[Subscription] = set()
-        self.position = "0-0"
+        self.reader: StreamReader | None = None  # set once its starting position is known
         self.started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.task: asyncio.Task[None] = asyncio.create_task(
-            self._run(), name=f"relay:{conversation_id}"
-        )
-
-    async def _run(self) -> None:
-        stream = self.hub.stream
-        try:
-            self.position = await stream.last_id(self.conversation_id)
-        except Exception as exc:
-            self.started.set_exception(exc)
-            self.hub._forget(self)
-            return
-        self.started.set_result(None)
-        while True:
-            try:
-                events = await stream.wait_after(
-                    self.conversation_id, self.position, FOLLOW_BLOCK_MS
-                )
-            except (redis.exceptions.RedisError, OSError) as exc:
-                log.warning("relay %s: Redis error %s; retrying", self.conversation_id, exc)
-                await asyncio.sleep(FOLLOW_RETRY_S)
-                continue
-            for event in events:
-                self.position = event.id
-                text = event.model_dump_json()
-                for subscription in list(self.subscriptions):
-                    subscription.offer(event, text)
 
 
 class RelayHub:
-    """The followers of one gateway process, started and stopped by their subscriptions."""
+    """The followed conversations of one gateway process, read by a few ``StreamReader``s.
 
-    def __init__(self, stream: AsyncEventStream, buffer_limit: int) -> None:
+    Each reader holds one connection and follows up to ``streams_per_read`` conversations,
+    so a process needs one connection per that many followed conversations, not one each.
+    """
+
+    def __init__(
+        self,
+        stream: AsyncEventStream,
+        read_pool: ConnectionPool,
+        buffer_limit: int,
+        block_ms: int = FOLLOW_BLOCK_MS,
+        streams_per_read: int = STREAMS_PER_READ,
+    ) -> None:
         self.stream = stream
         self.buffer_limit = buffer_limit
-        self._followers: dict[str, _Follower] = {}
+        self.readers: list[StreamReader] = []
+        self._read_pool = read_pool
+        self._block_ms = block_ms
+        self._streams_per_read = streams_per_read
+        self._id = uuid.uuid4().hex[:12]
+        self._followed: dict[str, _Followed] = {}  # by conversation id
+        self._by_key: dict[str, _Followed] = {}  # by stream key
+        self._starts: set[asyncio.Task[None]] = set()
 
     @property
     def followed(self) -> list[str]:
-        """Conversations with a running follower (for tests and metrics)."""
-        return list(self._followers)
+        """Conversations this process follows (for tests and metrics)."""
+        return list(self._followed)
 
     async def subscribe(
         self,
@@ -177,15 +174,19 @@ class RelayHub:
         Raises ``ReplayGap`` (after unregistering) if ``after`` is older than the stream.
         The caller sends its reply, then sends what ``subscription.catch_up(page, ...)`` yields.
         """
-        follower = self._followers.get(conversation_id)
-        if follower is None:
-            follower = _Follower(self, conversation_id)
-            self._followers[conversation_id] = follower
+        followed = self._followed.get(conversation_id)
+        if followed is None:
+            followed = _Followed(conversation_id, self.stream.keys.events(conversation_id))
+            self._followed[conversation_id] = followed
+            self._by_key[followed.key] = followed
+            task = asyncio.create_task(self._start(followed), name=f"relay-start:{conversation_id}")
+            self._starts.add(task)
+            task.add_done_callback(self._starts.discard)
         subscription = Subscription(conversation_id, after, deliver, on_overflow, self.buffer_limit)
-        follower.subscriptions.add(subscription)
+        followed.subscriptions.add(subscription)
         try:
             # Shielded: one joiner giving up must not fail the start for the others.
-            await asyncio.shield(follower.started)
+            await asyncio.shield(followed.started)
             page = await self.stream.read_after(conversation_id, after, count=REPLAY_PAGE)
         except BaseException:
             self.unsubscribe(subscription)
@@ -193,26 +194,77 @@ class RelayHub:
         return subscription, page
 
     def unsubscribe(self, subscription: Subscription) -> None:
-        """Stop delivering to ``subscription``; the follower stops with its last subscriber."""
+        """Stop delivering to ``subscription``; its conversation is dropped with the last one."""
         subscription.closed = True
-        follower = self._followers.get(subscription.conversation_id)
-        if follower is None:
+        followed = self._followed.get(subscription.conversation_id)
+        if followed is None:
             return
-        follower.subscriptions.discard(subscription)
-        if not follower.subscriptions:
-            self._forget(follower)
-            follower.task.cancel()
+        followed.subscriptions.discard(subscription)
+        if not followed.subscriptions:
+            self._forget(followed)
 
-    def _forget(self, follower: _Follower) -> None:
-        if self._followers.get(follower.conversation_id) is follower:
-            del self._followers[follower.conversation_id]
+    def _forget(self, followed: _Followed) -> None:
+        if self._followed.get(followed.conversation_id) is followed:
+            del self._followed[followed.conversation_id]
+        if self._by_key.get(followed.key) is followed:
+            del self._by_key[followed.key]
+            if followed.reader is not None:
+                followed.reader.remove(followed.key)
+
+    async def _start(self, followed: _Followed) -> None:
+        """Learn where the stream stands now, then hand it to a reader from there."""
+        try:
+            position = await self.stream.last_id(followed.conversation_id)
+        except Exception as exc:
+            self._forget(followed)
+            followed.started.set_exception(exc)
+            followed.started.exception()  # retrieved: its joiners raise it, none may be left
+            return
+        if self._by_key.get(followed.key) is not followed:
+            followed.started.set_result(None)  # every joiner left meanwhile
+            return
+        reader = self._reader_with_room()
+        reader.add(followed.key, position)
+        followed.reader = reader
+        # The position is known before any joiner replays: step 1 of the module docstring.
+        followed.started.set_result(None)
+        await reader.wake()
+
+    def _reader_with_room(self) -> StreamReader:
+        for reader in self.readers:
+            if len(reader) < self._streams_per_read:
+                return reader
+        wake_key = self.stream.keys.relay_wake(f"{self._id}-{len(self.readers)}")
+        reader = StreamReader(
+            self._read_pool, self.stream.client, wake_key, self._hand_on, self._block_ms
+        )
+        self.readers.append(reader)
+        return reader
+
+    def _hand_on(self, key: str, entries: list[Entry]) -> None:
+        followed = self._by_key.get(key)
+        if followed is None:
+            return
+        for event_id, fields in entries:
+            try:
+                event = decode(
+                    followed.conversation_id,
+                    event_id,
+                    dict(zip(fields[::2], fields[1::2], strict=True)),
+                )
+            except (ValueError, TypeError) as exc:  # not an event: skipped, not fatal
+                log.error("relay %s: unreadable entry %s: %s", key, event_id, exc)
+                continue
+            text = event.model_dump_json()
+            for subscription in list(followed.subscriptions):
+                subscription.offer(event, text)
 
     async def aclose(self) -> None:
-        """Stop every follower (gateway shutdown)."""
-        followers = list(self._followers.values())
-        self._followers.clear()
-        for follower in followers:
-            follower.task.cancel()
-        for follower in followers:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await follower.task
+        """Stop every reader (gateway shutdown)."""
+        for task in list(self._starts):
+            task.cancel()
+        self._followed.clear()
+        self._by_key.clear()
+        readers, self.readers = self.readers, []
+        for reader in readers:
+            await reader.aclose()

@@ -36,6 +36,18 @@ RECONNECTING: dict[str, Any] = {
     "retry_on_error": [redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
 }
 
+# Both pools wait for a free connection rather than fail: redis-py's default pool raises
+# MaxConnectionsError on the 101st command in flight, which a burst of frames reaches.
+POOL_SIZE = 100  # connections of each pool (requests; replays), per gateway process
+POOL_WAIT_S = 10.0  # a command waits this long for one before answering `unavailable`
+
+
+def _pooled_client(url: str) -> aioredis.Redis:
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, decode_responses=True, max_connections=POOL_SIZE, timeout=POOL_WAIT_S, **RECONNECTING
+    )
+    return aioredis.Redis.from_pool(pool)
+
 
 @dataclass
 class Gateway:
@@ -56,13 +68,16 @@ class Gateway:
     def build(cls, settings: GatewaySettings) -> Gateway:
         """Create every client (nothing connects until first use)."""
         keys = RedisKeys(settings.redis_prefix)
-        client = aioredis.Redis.from_url(settings.redis_url, decode_responses=True, **RECONNECTING)
-        # Followers block in XREAD; their own pool keeps request traffic off those connections.
-        relay_client = aioredis.Redis.from_url(
+        client = _pooled_client(settings.redis_url)
+        # Replays have a pool of their own, so a burst of them never starves the requests.
+        replay_client = _pooled_client(settings.redis_url)
+        # The readers' connections block in XREAD; they never come back to a pool.
+        read_pool = aioredis.ConnectionPool.from_url(
             settings.redis_url,
             decode_responses=True,
+            protocol=2,  # the readers parse XREAD's RESP2 reply themselves
+            client_name=f"{keys.prefix}relay",  # in CLIENT LIST, for operators (and tests)
             socket_timeout=RELAY_SOCKET_TIMEOUT_S,
-            **RECONNECTING,
         )
         engine = make_engine(settings.database_url)
         return cls(
@@ -74,7 +89,9 @@ class Gateway:
             celery=make_celery("signalbox-gateway", settings),
             http=httpx.AsyncClient(base_url=settings.proposals_url, timeout=30.0),
             events=AsyncEventStream(client, keys),
-            hub=RelayHub(AsyncEventStream(relay_client, keys), settings.client_queue_size),
+            hub=RelayHub(
+                AsyncEventStream(replay_client, keys), read_pool, settings.client_queue_size
+            ),
         )
 
     async def aclose(self) -> None:

@@ -2,7 +2,7 @@
 
 Every outgoing frame (replies, events, heartbeats) goes through the socket's bounded
 queue and its single writer, so replies and events keep their order. A socket whose
-queue is full is closed with 1013; the followers that fill it never wait for it.
+queue is full is closed with 1013; the relay that fills it never waits for it.
 """
 
 from __future__ import annotations

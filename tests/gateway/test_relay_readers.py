@@ -1,0 +1,257 @@
+"""The relay's multiplexed readers: hundreds of conversations on one connection, streams
+added while a read is blocked, a killed connection, more streams than one read takes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from sqlalchemy.orm import Session, sessionmaker
+from websockets.asyncio.client import ClientConnection
+
+from services.gateway.relay import RelayHub, Subscription
+from services.gateway.state import Gateway
+from shared.db import Conversation
+from shared.event_stream import AsyncEventStream, EventStream
+from shared.events import Event
+from shared.ids import new_id
+from shared.redis_keys import RedisKeys
+from tests.gateway.conftest import LiveGateway, connect, recv
+
+pytestmark = pytest.mark.anyio
+
+DEADLINE_S = 30.0  # generous: a lost event fails at the deadline, a busy CI only waits
+
+
+# -- 300 conversations through one gateway process --------------------------------------
+
+CONVERSATIONS = 300
+SOCKETS = 30  # each subscribed to CONVERSATIONS / SOCKETS conversations
+LIVE_ROUNDS = 4  # live events per conversation, appended round-robin over all of them
+
+
+def _conversations(sessions: sessionmaker[Session], user_id: str, n: int) -> list[str]:
+    ids = [new_id("conv") for _ in range(n)]
+    with sessions() as session, session.begin():
+        session.add_all(Conversation(id=c, user_id=user_id, workspace="default") for c in ids)
+    return ids
+
+
+async def _subscribe_all(ws: ClientConnection, group: list[str]) -> list[dict[str, Any]]:
+    """Subscribe to every conversation of ``group`` at once; the frames up to the last reply."""
+    for n, c in enumerate(group):
+        await ws.send(json.dumps({"type": "subscribe", "conversation_id": c, "req": str(n)}))
+    frames: list[dict[str, Any]] = []
+    while sum("req" in f for f in frames) < len(group):
+        frames.append(await recv(ws))
+    return frames
+
+
+async def _collect(
+    ws: ClientConnection, frames: list[dict[str, Any]], expected: int
+) -> list[dict[str, Any]]:
+    """Frames until ``expected`` events; then a ping, to see nothing more was queued."""
+    deadline = time.monotonic() + DEADLINE_S
+    while sum(f["type"] == "event" for f in frames) < expected:
+        frames.append(await recv(ws, max(0.1, deadline - time.monotonic())))
+    await ws.send(json.dumps({"type": "ping", "req": "end"}))
+    while (frame := await recv(ws))["type"] != "pong":
+        frames.append(frame)
+    return frames
+
+
+async def test_one_gateway_follows_300_conversations_on_one_connection(
+    start_gateway: Callable[..., LiveGateway],
+    make_user: Callable[[], tuple[str, str]],
+    db_sessions: sessionmaker[Session],
+    redis_client: redis.Redis,
+) -> None:
+    gateway = start_gateway(rate_limit_per_minute=100_000)
+    user_id, token = make_user()
+    conversations = _conversations(db_sessions, user_id, CONVERSATIONS)
+    stream = EventStream(redis_client, gateway.keys)
+    for c in conversations:  # one stored event each: replayed, then live ones follow
+        stream.append(c, "text_delta", {"text": "stored"}, "turn_x")
+    per_socket = CONVERSATIONS // SOCKETS
+    groups = [conversations[i * per_socket : (i + 1) * per_socket] for i in range(SOCKETS)]
+    sockets = [await connect(gateway, token) for _ in range(SOCKETS)]
+    try:
+        joined = await asyncio.gather(
+            *(_subscribe_all(ws, g) for ws, g in zip(sockets, groups, strict=True))
+        )
+        hub = _state(gateway).hub
+        assert len(hub.followed) == CONVERSATIONS
+        assert len(hub.readers) == 1  # one connection, not one per conversation
+
+        def append_live() -> None:
+            for n in range(LIVE_ROUNDS):
+                for c in conversations:
+                    stream.append(c, "text_delta", {"text": str(n)}, "turn_x")
+
+        writer = threading.Thread(target=append_live)
+        writer.start()
+        expected = per_socket * (1 + LIVE_ROUNDS)
+        received = await asyncio.gather(
+            *(_collect(ws, f, expected) for ws, f in zip(sockets, joined, strict=True))
+        )
+        writer.join(DEADLINE_S)
+    finally:
+        await asyncio.gather(*(ws.close() for ws in sockets))
+
+    for frames, group in zip(received, groups, strict=True):
+        replies = [f for f in frames if f["type"] != "event"]
+        assert [f["type"] for f in replies] == ["ack"] * per_socket, replies  # no `unavailable`
+        for c in group:
+            got = [f["id"] for f in frames if f.get("conversation_id") == c]
+            assert got == [e.id for e in stream.read_after(c, None)], c  # once, in order
+
+
+def _state(gateway: LiveGateway) -> Gateway:
+    state: Gateway = gateway.app.state.gateway
+    return state
+
+
+# -- the hub alone, on a real Redis ------------------------------------------------------
+
+
+class Sink:
+    """What one subscription received, and a way to wait for it."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.changed = asyncio.Event()
+
+    def deliver(self, event: Event, _text: str) -> None:
+        self.ids.append(event.id)
+        self.changed.set()
+
+    async def wait_for(self, n: int, timeout_s: float = DEADLINE_S) -> list[str]:
+        async with asyncio.timeout(timeout_s):
+            while len(self.ids) < n:
+                self.changed.clear()
+                await self.changed.wait()
+        return self.ids
+
+
+class Hub:
+    """A ``RelayHub`` on the test Redis, and helpers to follow and write conversations."""
+
+    def __init__(self, redis_url: str, keys: RedisKeys, **options: Any) -> None:
+        self.keys = keys
+        self.client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+        self.client_name = f"{keys.prefix}relay-{uuid.uuid4().hex[:6]}"
+        self.read_pool = aioredis.ConnectionPool.from_url(
+            redis_url, decode_responses=True, protocol=2, client_name=self.client_name,
+            socket_timeout=30,
+        )  # fmt: skip
+        self.stream = AsyncEventStream(self.client, keys)
+        self.hub = RelayHub(self.stream, self.read_pool, buffer_limit=1000, **options)
+
+    async def follow(self, conversation_id: str) -> tuple[Subscription, Sink]:
+        sink = Sink()
+        subscription, page = await self.hub.subscribe(
+            conversation_id, None, sink.deliver, lambda: None
+        )
+        async for event, text in subscription.catch_up(page, self.stream):
+            sink.deliver(event, text)
+        return subscription, sink
+
+    async def append(self, conversation_id: str, n: int) -> list[str]:
+        return [
+            await self.stream.append(conversation_id, "text_delta", {"text": str(i)}, "turn_x")
+            for i in range(n)
+        ]
+
+    async def aclose(self) -> None:
+        await self.hub.aclose()
+        await self.client.aclose()
+        await self.read_pool.disconnect()
+
+
+@pytest.fixture
+async def make_hub(redis_url: str, keys: RedisKeys) -> AsyncIterator[Callable[..., Hub]]:
+    hubs: list[Hub] = []
+
+    def make(**options: Any) -> Hub:
+        hub = Hub(redis_url, RedisKeys(f"{keys.prefix}hub-{uuid.uuid4().hex[:6]}:"), **options)
+        hubs.append(hub)
+        return hub
+
+    yield make
+    for hub in hubs:
+        await hub.aclose()
+
+
+async def _blocked(hub: Hub, reads: int) -> None:
+    """Wait until the hub's reader has sent its ``reads``-th XREAD and Redis holds it blocked."""
+    reader = hub.hub.readers[0]
+    async with asyncio.timeout(DEADLINE_S):
+        while True:
+            clients: Any = await hub.client.client_list()
+            blocked = [c for c in clients if c["name"] == hub.client_name and c["cmd"] == "xread"]
+            if reader.reads >= reads and blocked and "b" in blocked[0]["flags"]:
+                return
+            await asyncio.sleep(0.005)  # polling Redis's own view, with a deadline
+
+
+async def test_a_stream_added_during_a_long_block_is_read_at_once(
+    make_hub: Callable[..., Hub],
+) -> None:
+    hub = make_hub(block_ms=30_000)  # without the wake-up, B would wait up to 30 s
+    _sub_a, _sink_a = await hub.follow("a")
+    await _blocked(hub, reads=1)
+    reads = hub.hub.readers[0].reads
+    _sub_b, sink_b = await hub.follow("b")
+    ids = await hub.append("b", 2)
+    assert await sink_b.wait_for(2, timeout_s=2.0) == ids
+    assert hub.hub.readers[0].reads > reads
+
+
+async def test_a_killed_read_connection_resumes_where_it_stood(
+    make_hub: Callable[..., Hub],
+) -> None:
+    hub = make_hub(block_ms=30_000)
+    follows = [await hub.follow(c) for c in ("a", "b", "c")]
+    first = {c: await hub.append(c, 3) for c in ("a", "b", "c")}
+    for (_sub, sink), c in zip(follows, ("a", "b", "c"), strict=True):
+        assert await sink.wait_for(3) == first[c]
+    await _blocked(hub, reads=1)
+    killed = 0
+    clients: Any = await hub.client.client_list()
+    for client in clients:
+        if client["name"] == hub.client_name:
+            await hub.client.client_kill_filter(_id=client["id"])
+            killed += 1
+    assert killed == 1
+    # Appended while the reader has no connection: read once it is back, nothing twice.
+    later = {c: await hub.append(c, 3) for c in ("a", "b", "c")}
+    for (_sub, sink), c in zip(follows, ("a", "b", "c"), strict=True):
+        assert await sink.wait_for(6) == first[c] + later[c]
+
+
+async def test_more_streams_than_one_read_takes_go_to_another_reader(
+    make_hub: Callable[..., Hub],
+) -> None:
+    hub = make_hub(streams_per_read=2)
+    names = [f"c{i}" for i in range(5)]
+    follows = {c: await hub.follow(c) for c in names}
+    assert [len(r) for r in hub.hub.readers] == [2, 2, 1]
+    appended = {c: await hub.append(c, 4) for c in names}
+    for c in names:
+        assert await follows[c][1].wait_for(4) == appended[c]
+    # A conversation dropped and followed again starts from where its stream is now.
+    hub.hub.unsubscribe(follows["c0"][0])
+    assert "c0" not in hub.hub.followed
+    _sub, sink = await hub.follow("c0")
+    more = await hub.append("c0", 2)
+    assert await sink.wait_for(6) == appended["c0"] + more
+    await asyncio.sleep(0.05)  # a duplicate would be handed on in the same read; none came
+    assert len(sink.ids) == 6
