@@ -52,7 +52,8 @@ class Benchmark:
 GATEWAY_FOCUS = (
     "WsSession.",
     "websocket_endpoint",
-    "_Follower.",
+    "StreamReader.",
+    "RelayHub.",
     "Subscription.",
     "Gateway.db.",  # SQL work, in a worker thread
     "Gateway.enqueue_turn.",  # the Celery publish, in a worker thread
