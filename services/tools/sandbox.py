@@ -1,6 +1,6 @@
 """Running untrusted Python in a child that cannot outlive, outgrow or phone out of its call.
 
-What is enforced (services/tools/README.md says the same for operators):
+What is enforced (docs/tools.md says the same for operators):
 
 - Always: a new session and process group; ``python -I`` (no PYTHON* variables, no user
   site); a scratch working directory, deleted afterwards; an environment of PATH/LANG/HOME
