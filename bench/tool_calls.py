@@ -20,7 +20,7 @@ from celery import Celery, group
 from bench.environment import BenchEnv, proc_tree_cpu_s
 from bench.noop_app import NOOP_QUEUE, NOOP_TASK
 from bench.stats import Result, Series
-from services.orchestrator.dispatch import CeleryDispatcher
+from services.orchestrator.dispatch import HARD_LIMIT_EXTRA_S, CeleryDispatcher
 from shared.ids import new_id
 from shared.tool_contract import ToolCallRequest, ToolResult, ToolSpec, read_catalogue
 
@@ -213,7 +213,7 @@ def timeout(env: BenchEnv, rounds: int, warmup: int) -> list[Result]:
     results = []
     variants = [
         ("soft", {"seconds": 30}, rounds),
-        # Ignores the soft limit, so only the hard kill (limit + 2 s) ends it.
+        # Ignores the soft limit, so only the hard kill (limit + HARD_LIMIT_EXTRA_S) ends it.
         ("hard", {"seconds": 30, "ignore_soft_limit": True}, max(1, min(rounds, 3))),
     ]
     for variant, hung_input, n in variants:
@@ -244,7 +244,8 @@ def timeout(env: BenchEnv, rounds: int, warmup: int) -> list[Result]:
                 if variant == "soft"
                 else [
                     "A call that ignores the soft limit is killed at the hard limit, which "
-                    "the orchestrator sets 2 s after the soft one (dispatch.HARD_LIMIT_EXTRA_S)."
+                    f"the orchestrator sets {HARD_LIMIT_EXTRA_S:g} s after the soft one "
+                    "(dispatch.HARD_LIMIT_EXTRA_S)."
                 ],
                 extra={"others_ok": others_ok, "statuses": sorted(set(statuses))},
             )

@@ -22,10 +22,13 @@ POLL_S = 0.5  # how often the listener looks at its stop flag between messages
 class CancelWatch:
     """``with CancelWatch(client, channel, turn_id) as watch: ... watch.is_set()``."""
 
-    def __init__(self, client: redis.Redis, channel: str, turn_id: str) -> None:
+    def __init__(
+        self, client: redis.Redis, channel: str, turn_id: str, *, start_now: bool = True
+    ) -> None:
         self.client = client
         self.channel = channel
         self.turn_id = turn_id
+        self.start_now = start_now  # False: ``start()`` later (listening costs a connection)
         self.event = threading.Event()
         self._stop = threading.Event()
         self._pubsub: Any = None
@@ -66,12 +69,20 @@ class CancelWatch:
             ):
                 self.event.set()
 
-    def __enter__(self) -> CancelWatch:
+    def start(self) -> None:
+        """Start listening (once). Call it before the loop next reads the SQL flag: a cancel
+        published before the subscription is then seen there, so none slips through."""
+        if self._thread is not None:
+            return
         client: Any = self.client  # redis-py leaves pubsub() untyped
         self._pubsub = client.pubsub()
-        self._pubsub.subscribe(self.channel)  # before the loop reads the SQL flag: no gap
+        self._pubsub.subscribe(self.channel)
         self._thread = threading.Thread(target=self._listen, name="cancel-watch", daemon=True)
         self._thread.start()
+
+    def __enter__(self) -> CancelWatch:
+        if self.start_now:
+            self.start()
         return self
 
     def __exit__(

@@ -92,7 +92,10 @@ def run_turn(rt: Runtime, turn_id: str) -> str:
 def _run_leased(rt: Runtime, info: TurnInfo, lease: TurnLease) -> str:
     turn_id = info.turn_id
     try:
-        with lease, CancelWatch(rt.redis, rt.keys.control_channel, turn_id) as cancel:
+        # Started by the runner once turn_started is out (a pub/sub connection and a thread
+        # are not worth delaying the first event for); it reads the SQL flag right after.
+        watch = CancelWatch(rt.redis, rt.keys.control_channel, turn_id, start_now=False)
+        with lease, watch as cancel:
             runner = TurnRunner(rt, info, lease, cancel)
             try:
                 return runner.run()

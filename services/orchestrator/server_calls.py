@@ -1,4 +1,4 @@
-"""Calls run by the tool workers: sent as one Celery group per step, gathered with deadlines.
+"""Calls run by the tool workers: sent in one publish batch per step, gathered with deadlines.
 
 Each worker reports on the turn's result stream (``keys.tool_results``); the runner reads it
 with ``XREAD`` and its own deadline per call (its time limit plus ``tool_grace_s``), so a
@@ -29,7 +29,7 @@ RESULTS_PER_READ = 64
 
 
 def dispatch(runner: TurnRunner, pending: Sequence[ToolCall]) -> None:
-    """Send the step's calls as one group, then mark them running and announce them.
+    """Send the step's calls in one batch, then mark them running and announce them.
 
     Sent before marked: if this runner dies in between, the next one finds the calls
     still pending and sends them again; the tool worker's claim on the call id skips
@@ -150,6 +150,7 @@ def _take_results(
     while True:
         reply: Any = runner.rt.redis.xread({key: last_id}, block=block_ms, count=RESULTS_PER_READ)
         read = 0
+        rows: list[store.ResultRow] = []
         for _stream, entries in reply or []:
             for entry_id, fields in entries:
                 read += 1
@@ -160,11 +161,18 @@ def _take_results(
                 except (ValidationError, TypeError):
                     log.warning("turn %s: unreadable tool result %r", runner.info.turn_id, raw)
                     continue
-                done = waiting.pop(result.call_id, None)
-                if done is not None:
-                    runner.record(
-                        done, result.status, result.output, result.error, result.duration_ms
+                if waiting.pop(result.call_id, None) is not None:
+                    rows.append(
+                        store.ResultRow(
+                            result.call_id,
+                            result.status,
+                            result.output,
+                            result.error,
+                            result.duration_ms,
+                        )
                     )
+        # One transaction for everything this read brought, not one per call.
+        runner.record_many(rows)
         if read < RESULTS_PER_READ:
             return last_id
         block_ms = None  # a full batch: more may be there already

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, func, select, update
+from sqlalchemy import CursorResult, Table, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.orchestrator.model import ToolUse
@@ -136,12 +136,27 @@ def _next_seq(s: Session, conversation_id: str) -> int:
     return (last or 0) + 1
 
 
-def start_turn(sessions: Sessions, info: TurnInfo, model: str) -> bool:
-    """queued → running, and the user's text enters the transcript; False if not queued."""
+@dataclass(frozen=True)
+class Opened:
+    """The turn as ``open_turn`` found it (``status`` before it started it) and whether it
+    started it."""
+
+    status: str
+    cancel_requested: bool
+    step: int
+    started: bool
+
+
+def open_turn(sessions: Sessions, info: TurnInfo, model: str) -> Opened:
+    """Read the turn and, if it is queued and not cancelled, start it, in ONE transaction:
+    queued → running, and the user's text enters the transcript."""
     with sessions() as s, s.begin():
         turn = s.get(Turn, info.turn_id)
-        if turn is None or turn.status != "queued":
-            return False
+        if turn is None:
+            raise LookupError(f"no turn {info.turn_id!r}")
+        found = Opened(turn.status, turn.cancel_requested, turn.step, started=False)
+        if turn.status != "queued" or turn.cancel_requested:
+            return found
         turn.status = "running"
         turn.started_at = utcnow()
         turn.model = model
@@ -156,7 +171,7 @@ def start_turn(sessions: Sessions, info: TurnInfo, model: str) -> bool:
                 content=[{"type": "text", "text": turn.text}],
             )
         )
-        return True
+        return Opened(found.status, found.cancel_requested, found.step, started=True)
 
 
 def set_turn_status(sessions: Sessions, turn_id: str, status: str, *, only_from: str) -> bool:
@@ -307,41 +322,65 @@ def apply_decision(sessions: Sessions, call_id: str) -> ToolCall | None:
         return call
 
 
-def record_result(
-    sessions: Sessions,
-    call_id: str,
-    status: str,
-    output: str,
-    error: str | None,
-    duration_ms: int | None = None,
-) -> ToolCall | None:
-    """A call's one result; None if the call had already ended (a late or duplicate result)."""
+@dataclass(frozen=True)
+class ResultRow:
+    """One call's result, as ``record_results`` stores it."""
+
+    call_id: str
+    status: str
+    output: str
+    error: str | None
+    duration_ms: int | None = None  # None: measured from the call's ``started_at``
+
+
+@dataclass(frozen=True)
+class EndedCall:
+    """A call ``record_results`` ended: what its ``tool_call_finished`` event says."""
+
+    id: str
+    tool: str
+    status: str
+    output: str | None
+    error: str | None
+    duration_ms: int | None
+
+
+_calls = cast(Table, ToolCall.__table__)
+
+
+def record_results(sessions: Sessions, rows: Sequence[ResultRow]) -> list[EndedCall]:
+    """Several calls' results in ONE transaction; returns the calls they ended, in order.
+
+    Each row is one conditional Core ``UPDATE ... RETURNING`` (a call already ended is
+    skipped): no ORM read, refresh or unit of work, and one commit for every result a
+    single read of the results stream brought. This is the loop's hottest write.
+    """
     now = utcnow()
+    ended: list[EndedCall] = []
     with sessions() as s, s.begin():
-        call = s.get(ToolCall, call_id)
-        if call is None:
-            return None
-        if duration_ms is None:
-            started = as_utc(call.started_at) if call.started_at else now
-            duration_ms = max(0, int((now - started).total_seconds() * 1000))
-        result = cast(
-            CursorResult[Any],
-            s.execute(
-                update(ToolCall)
-                .where(ToolCall.id == call_id, ToolCall.status.in_(OPEN_CALL_STATUSES))
+        for row in rows:
+            duration_ms = row.duration_ms
+            if duration_ms is None:
+                started = s.scalar(select(_calls.c.started_at).where(_calls.c.id == row.call_id))
+                since = as_utc(started) if started else now
+                duration_ms = max(0, int((now - since).total_seconds() * 1000))
+            tool = s.execute(
+                update(_calls)
+                .where(_calls.c.id == row.call_id, _calls.c.status.in_(OPEN_CALL_STATUSES))
                 .values(
-                    status=status,
-                    output=output,
-                    error=error,
+                    status=row.status,
+                    output=row.output,
+                    error=row.error,
                     duration_ms=duration_ms,
                     finished_at=now,
                 )
-            ),
-        )
-        if result.rowcount != 1:
-            return None
-        s.refresh(call)
-        return call
+                .returning(_calls.c.tool)
+            ).scalar_one_or_none()
+            if tool is not None:
+                ended.append(
+                    EndedCall(row.call_id, tool, row.status, row.output, row.error, duration_ms)
+                )
+    return ended
 
 
 def open_calls(sessions: Sessions, turn_id: str) -> list[ToolCall]:

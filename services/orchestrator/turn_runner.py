@@ -10,7 +10,7 @@ whose runner died, and continues a parked one:
                                ├─ max_steps ─► step_limit      ├─ cancel ─► cancelled
                                ├─ needs_decision / waiting ─► parked   └─ error ─► failed
 
-A call starts by its executor: a tool worker (``server_calls.py``: one Celery group per
+A call starts by its executor: a tool worker (``server_calls.py``: one publish batch per
 step, results gathered with deadlines), the client that declared it, a human, or this loop
 itself (``own_calls.py``: client tools, ``ask_user``, ``spawn_agent``). A turn whose open
 calls all wait on someone parks: no worker slot is held; the answer, the decision, an
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from services.orchestrator import faults, model_step, own_calls, server_calls, store
@@ -73,7 +74,7 @@ class TurnRunner:
             data = {**data, "parent_call_id": self.info.parent_call_id}
         return self.rt.events.append(self.info.conversation_id, kind, data, self.info.turn_id)
 
-    def finished(self, call: ToolCall) -> None:
+    def finished(self, call: ToolCall | store.EndedCall) -> None:
         """Announce a call that reached its final status."""
         self.emit(
             "tool_call_finished",
@@ -96,21 +97,28 @@ class TurnRunner:
         duration_ms: int | None = None,
     ) -> None:
         """End a call with its result (once: a call already ended stays as it is)."""
-        done = store.record_result(self.rt.sessions, call.id, status, output, error, duration_ms)
-        if done is not None:
+        self.record_many([store.ResultRow(call.id, status, output, error, duration_ms)])
+
+    def record_many(self, rows: Sequence[store.ResultRow]) -> None:
+        """End several calls in one transaction, then announce each that ended."""
+        if not rows:
+            return
+        for done in store.record_results(self.rt.sessions, rows):
             self.finished(done)
 
     # -- the state machine -------------------------------------------------------------
 
     def run(self) -> str:
         """Bring the turn from its committed state as far as it can go."""
-        turn = store.get_turn(self.rt.sessions, self.info.turn_id)
+        # The read and the start are one transaction, and turn_started goes out right after
+        # it commits: the first thing the user sees waits on nothing else.
+        turn = store.open_turn(self.rt.sessions, self.info, self.rt.model.name)
         if turn.status in FINISHED_TURN_STATUSES:
             return "finished"
         if turn.status == "queued":
             if turn.cancel_requested:
                 return self.finish("cancelled")
-            if store.start_turn(self.rt.sessions, self.info, self.rt.model.name):
+            if turn.started:
                 self.emit("turn_started", {"model": self.rt.model.name})
         elif turn.status == "parked":
             store.set_turn_status(
@@ -118,6 +126,7 @@ class TurnRunner:
             )
         else:
             self.emit("turn_resumed", {"step": turn.step})
+        self.cancel.start()  # before _loop reads the SQL cancel flag (see CancelWatch.start)
         if not self.child:
             faults.maybe_kill_on_turn(self.info.text)  # test-only; a no-op in a deployment
         return self._loop()

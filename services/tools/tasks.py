@@ -7,7 +7,7 @@ from typing import Any
 
 from celery import Task
 from celery.exceptions import TimeLimitExceeded
-from celery.signals import worker_process_init
+from celery.signals import worker_process_init, worker_ready
 
 from services.tools.execution import Deps, report_killed, run_call
 from services.tools.worker import app, registry, settings
@@ -27,6 +27,13 @@ def deps() -> Deps:
 @worker_process_init.connect
 def _connect(**_: Any) -> None:
     # Connect before the first task: its time limit should not pay for the set-up.
+    deps()
+
+
+@worker_ready.connect
+def _connect_main(**_: Any) -> None:
+    # The main process reports calls killed at their hard limit (``ToolTask.on_failure``);
+    # connecting at the first kill would delay that report by the set-up (~80 ms).
     deps()
 
 
