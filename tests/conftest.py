@@ -73,18 +73,23 @@ def _fresh_postgres(url: str, name: str) -> tuple[str, Callable[[], None]]:
     return fresh, drop
 
 
-@pytest.fixture(scope="session")
-def database_url(tmp_path_factory: pytest.TempPathFactory, run_id: str) -> Iterator[str]:
+def _database(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[str]:
+    """A migrated database of its own: in the given PostgreSQL server, else a SQLite file."""
     given = os.environ.get("SIGNALBOX_DATABASE_URL")
     if given and given.startswith("postgres"):
-        url, drop = _fresh_postgres(given, f"sbtest_{run_id}")
+        url, drop = _fresh_postgres(given, name)
     else:
-        url = f"sqlite:///{tmp_path_factory.mktemp('sql') / 'signalbox.db'}"
+        url = f"sqlite:///{tmp_path_factory.mktemp(name) / 'signalbox.db'}"
         drop = None
     upgrade(url)
     yield url
     if drop:
         drop()
+
+
+@pytest.fixture(scope="session")
+def database_url(tmp_path_factory: pytest.TempPathFactory, run_id: str) -> Iterator[str]:
+    yield from _database(tmp_path_factory, f"sbtest_{run_id}")
 
 
 @pytest.fixture(scope="session")
@@ -95,21 +100,44 @@ def db_sessions(database_url: str) -> Iterator[sessionmaker[Session]]:
 
 
 @pytest.fixture(scope="session")
+def stack_database_url(tmp_path_factory: pytest.TempPathFactory, run_id: str) -> Iterator[str]:
+    """The shared ``stack``'s own database: its proposals sweeper relays every unsent outbox
+    row it finds, so it must not see the rows other tests leave unsent on purpose."""
+    yield from _database(tmp_path_factory, f"sbstack_{run_id}")
+
+
+@pytest.fixture(scope="session")
+def stack_sessions(stack_database_url: str) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(stack_database_url)
+    yield make_session_factory(engine)
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
 def internal_token() -> str:
     return secrets.token_urlsafe(24)
 
 
-@pytest.fixture
-def make_user(db_sessions: sessionmaker[Session]) -> Callable[[], tuple[str, str]]:
-    """A factory: each call creates a user and returns ``(user_id, token)``."""
-
+def _user_factory(sessions: sessionmaker[Session]) -> Callable[[], tuple[str, str]]:
     def make() -> tuple[str, str]:
-        with db_sessions() as session:
+        with sessions() as session:
             user, token = create_user(session, f"user-{uuid.uuid4().hex[:8]}")
             session.commit()
             return user.id, token
 
     return make
+
+
+@pytest.fixture
+def make_user(db_sessions: sessionmaker[Session]) -> Callable[[], tuple[str, str]]:
+    """A factory: each call creates a user and returns ``(user_id, token)``."""
+    return _user_factory(db_sessions)
+
+
+@pytest.fixture
+def make_stack_user(stack_sessions: sessionmaker[Session]) -> Callable[[], tuple[str, str]]:
+    """Like ``make_user``, in the database of the shared ``stack``."""
+    return _user_factory(stack_sessions)
 
 
 @pytest.fixture
@@ -140,14 +168,14 @@ def stack(
     tmp_path_factory: pytest.TempPathFactory,
     redis_url: str,
     redis_prefix: str,
-    database_url: str,
+    stack_database_url: str,
     internal_token: str,
 ) -> Iterator[Stack]:
     """Every service as a real process (demo model), shared by the end-to-end tests."""
     config = StackConfig(
         var_dir=tmp_path_factory.mktemp("stack"),
         redis_url=redis_url,
-        database_url=database_url,
+        database_url=stack_database_url,
         internal_token=internal_token,
         redis_prefix=redis_prefix + "stack:",
         extra_env={"ANTHROPIC_API_KEY": ""},

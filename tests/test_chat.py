@@ -311,8 +311,8 @@ def test_typed_lines_answer_open_prompts_in_order() -> None:
 
 
 @pytest.fixture
-def user(make_user: Callable[[], tuple[str, str]], stack: Stack) -> tuple[str, str]:
-    user_id, token = make_user()
+def user(make_stack_user: Callable[[], tuple[str, str]], stack: Stack) -> tuple[str, str]:
+    user_id, token = make_stack_user()
     (stack.config.workspaces_root / user_id / "default").mkdir(parents=True)
     return user_id, token
 

@@ -19,8 +19,8 @@ TURN_TIMEOUT_S = 60.0
 
 
 @pytest.fixture
-def user(make_user: Callable[[], tuple[str, str]], stack: Stack) -> tuple[str, str]:
-    user_id, token = make_user()
+def user(make_stack_user: Callable[[], tuple[str, str]], stack: Stack) -> tuple[str, str]:
+    user_id, token = make_stack_user()
     (stack.config.workspaces_root / user_id / "default").mkdir(parents=True)
     return user_id, token
 
@@ -60,7 +60,7 @@ def proposals(
 def test_list_show_and_approve_a_proposal_made_by_a_turn(
     stack: Stack,
     user: tuple[str, str],
-    make_user: Callable[[], tuple[str, str]],
+    make_stack_user: Callable[[], tuple[str, str]],
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -78,7 +78,7 @@ def test_list_show_and_approve_a_proposal_made_by_a_turn(
     assert "    +++ b/hello.txt" in out and "    +Hello there" in out
 
     # Someone else's proposal does not exist for them: not found, and nothing is written.
-    _, stranger = make_user()
+    _, stranger = make_stack_user()
     for action in ("show", "approve", "reject"):
         code, out, err = proposals(monkeypatch, capsys, stack, stranger, action, proposal_id)
         assert code == 1 and f"proposal {proposal_id!r} not found" in err, (action, err)

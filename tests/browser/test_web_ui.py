@@ -64,13 +64,13 @@ def wait_for_turn_finished(
 def test_turn_timeline_approval_and_resume_in_a_real_browser(
     stack: Stack,
     page: Page,
-    make_user: Callable[[], tuple[str, str]],
+    make_stack_user: Callable[[], tuple[str, str]],
     redis_client: redis.Redis,
 ) -> None:
     from playwright.sync_api import expect
 
     expect.set_options(timeout=UI_TIMEOUT_MS)
-    user_id, token = make_user()
+    user_id, token = make_stack_user()
     page.goto(f"{stack.gateway_url}/#token={token}")
     expect(page.locator("#conn")).to_have_text("online")
     assert "token" not in page.url  # taken from the fragment, then out of the address bar
@@ -182,17 +182,17 @@ def test_every_status_badge_has_a_colour() -> None:
 def test_inline_tool_decision_and_question_answer(
     stack: Stack,
     page: Page,
-    make_user: Callable[[], tuple[str, str]],
+    make_stack_user: Callable[[], tuple[str, str]],
     redis_client: redis.Redis,
-    db_sessions: sessionmaker[Session],
+    stack_sessions: sessionmaker[Session],
 ) -> None:
     """A call waiting for a decision gets Allow/Deny in the timeline; a question gets answers."""
     from playwright.sync_api import expect
 
     expect.set_options(timeout=UI_TIMEOUT_MS)
-    user_id, token = make_user()
+    user_id, token = make_stack_user()
     # A finished turn stands in for a parked one, so no orchestrator picks it up to resume.
-    with db_sessions() as session:
+    with stack_sessions() as session:
         conversation = Conversation(id=new_id("conv"), user_id=user_id, workspace="default")
         turn = Turn(
             id=new_id("turn"),
@@ -275,7 +275,7 @@ def test_inline_tool_decision_and_question_answer(
     expect(tool.locator("button.decide")).to_have_count(0)
     question.locator("button.option", has_text="blue").click()
     expect(question).to_have_class(re.compile(r"answered"))
-    with db_sessions() as session:
+    with stack_sessions() as session:
         decided = session.get(ToolCall, call_id)
         answered = session.get(ToolCall, question_id)
         assert decided is not None and answered is not None

@@ -21,9 +21,9 @@ TURN_TIMEOUT_S = 60.0
 
 
 @pytest.fixture
-def user(make_user: Callable[[], tuple[str, str]], stack: Stack) -> tuple[str, str]:
+def user(make_stack_user: Callable[[], tuple[str, str]], stack: Stack) -> tuple[str, str]:
     """A user with a default workspace holding a couple of files."""
-    user_id, token = make_user()
+    user_id, token = make_stack_user()
     ws = stack.config.workspaces_root / user_id / "default"
     ws.mkdir(parents=True)
     (ws / "README.md").write_text("# demo\nTODO: write the docs\n")
