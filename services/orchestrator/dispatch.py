@@ -20,7 +20,7 @@ from shared.tool_contract import ToolCallRequest, ToolSpec
 # The hard kill comes this long after the soft limit asked nicely. Short, because a call
 # that ignores its soft limit is reported (by the worker's main process) only at the kill:
 # a tool that does honour SoftTimeLimitExceeded needs only moments to return its result.
-HARD_LIMIT_EXTRA_S = 0.25
+HARD_LIMIT_EXTRA_S = 0.1
 PUBLISH_BATCH_MAX = 1000  # Redis commands per pipeline round trip; a step is far below
 
 
