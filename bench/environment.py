@@ -15,7 +15,6 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -278,16 +277,6 @@ class BenchEnv:
             "database_url": self.database_url,
             "workspaces_root": self.stack.config.workspaces_root,
         }
-
-
-def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll ``check`` (state of another process) until it holds; ``TimeoutError`` after."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.005)
-    raise TimeoutError(f"{what}: not within {timeout_s} s")
 
 
 def proc_status_kib(pid: int, field_name: str = "VmRSS") -> int:

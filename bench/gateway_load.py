@@ -25,11 +25,12 @@ import httpx
 import redis.asyncio as aioredis
 from websockets.asyncio.client import ClientConnection, connect
 
-from bench.environment import BenchEnv, proc_cpu_s, proc_status_kib, wait_until
+from bench.environment import BenchEnv, proc_cpu_s, proc_status_kib
 from bench.machine import REPO
 from bench.stats import Result, Series
 from shared.db.models import Conversation
 from shared.ids import new_id
+from signalbox.processes import wait_until
 
 PERIOD_S = 0.1  # a conversation streams one event per 100 ms (a model's coalesced deltas)...
 MAX_EVENTS_PER_S = 500  # ...until the total reaches this: more saturates a 2-core machine

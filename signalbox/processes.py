@@ -9,12 +9,34 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
 READY_TIMEOUT_S = 60.0
+POLL_INTERVAL_S = 0.01
+
+T = TypeVar("T")
+
+
+def wait_until(
+    check: Callable[[], T],
+    timeout_s: float,
+    what: str = "condition",
+    interval_s: float = POLL_INTERVAL_S,
+) -> T:
+    """Poll ``check`` (the state of another thread or process) until it returns something
+    truthy, and return that; ``TimeoutError`` naming ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout_s} s")
+        time.sleep(interval_s)  # no event to wait on across processes: polled, with a deadline
 
 
 class StartError(RuntimeError):
@@ -87,14 +109,18 @@ class Child:
 
     def wait_ready(self, check: Callable[[], bool], timeout_s: float = READY_TIMEOUT_S) -> None:
         """Poll ``check`` until it holds, failing early if the child exits."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+
+        def ready() -> bool:
             if not self.alive():
                 raise StartError(f"{self.name} exited during start-up:\n{self.log_tail()}")
-            if check():
-                return
-            time.sleep(0.05)  # readiness of another process: polled, with a deadline
-        raise StartError(f"{self.name} not ready within {timeout_s} s:\n{self.log_tail()}")
+            return check()
+
+        try:
+            wait_until(ready, timeout_s, self.name, interval_s=0.05)
+        except TimeoutError:
+            raise StartError(
+                f"{self.name} not ready within {timeout_s} s:\n{self.log_tail()}"
+            ) from None
 
 
 def http_ok(url: str) -> Callable[[], bool]:
@@ -135,7 +161,6 @@ class ServiceCommands:
     host: str = "127.0.0.1"
     tools_concurrency: int = 4
     orchestrator_concurrency: int = 8
-    extra: dict[str, list[str]] = field(default_factory=dict)
 
     def gateway(self, port: int) -> list[str]:
         return python_module(

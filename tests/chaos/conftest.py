@@ -30,7 +30,7 @@ from shared.db.models import Turn
 from shared.db.users import create_user
 from shared.redis_keys import RedisKeys
 from shared.tool_contract import read_catalogue
-from signalbox.processes import Child, http_ok, log_contains
+from signalbox.processes import Child, http_ok, log_contains, wait_until
 from signalbox.redis_server import RedisServer, start_redis
 from signalbox.stack import Stack, StackConfig
 from tests.fake_anthropic import FakeAnthropic
@@ -46,15 +46,8 @@ WAIT_S = 30.0
 
 
 def wait_for(check: Callable[[], Any], timeout_s: float = WAIT_S, what: str = "condition") -> Any:
-    """Poll ``check`` (state of other processes) until it returns something truthy."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.02)  # another process's progress: polled, with a deadline
+    """``wait_until`` with this module's default deadline."""
+    return wait_until(check, timeout_s, what)
 
 
 @dataclass
