@@ -19,7 +19,7 @@ from shared.events import EVENT_DATA, Event, EventKind, utc_now
 from shared.redis_keys import RedisKeys
 
 STREAM_MAXLEN = 10_000  # events kept per conversation; older ones answer replay_gap
-_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+_ID = re.compile(r"\d{1,20}-\d{1,20}")
 
 
 class ReplayGap(Exception):
@@ -28,7 +28,7 @@ class ReplayGap(Exception):
 
 def check_event_id(event_id: str) -> str:
     """Return ``event_id`` if it has the shape of a stream id, else raise ``ValueError``."""
-    if not _ID.match(event_id):
+    if not _ID.fullmatch(event_id):
         raise ValueError(f"expected an event id like '1700000000000-0', got {event_id!r}")
     return event_id
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-_WORKSPACE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_WORKSPACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 class PathOutsideWorkspace(ValueError):
@@ -19,7 +19,7 @@ class PathOutsideWorkspace(ValueError):
 
 def check_workspace_name(name: str) -> str:
     """Return ``name`` if it is a valid workspace name, else raise ``ValueError``."""
-    if not _WORKSPACE_NAME.match(name) or name in {".", ".."}:
+    if not _WORKSPACE_NAME.fullmatch(name):
         raise ValueError(
             f"expected a workspace name of letters, digits, '.', '_', '-', got {name!r}"
         )
