@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from websockets.asyncio.client import ClientConnection
 
 from services.gateway.app import create_app
+from services.proposals.app import create_app as create_proposals_app
 from shared.celery_app import ORCHESTRATOR_QUEUE
 from shared.db import Conversation, Message, ToolCall, Turn
 from shared.ids import new_id
@@ -120,6 +121,28 @@ def start_gateway(
     yield start
     for gateway in started:
         gateway.stop()
+
+
+@pytest.fixture
+def proposals(service_env: dict[str, str]) -> Iterator[ServerThread]:
+    """The real proposals service on its own server."""
+    server = ServerThread(create_proposals_app())
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def gw(
+    start_gateway: Callable[..., LiveGateway],
+    proposals: ServerThread,
+    service_env: dict[str, str],
+) -> LiveGateway:
+    """A gateway that asks the real ``proposals`` service and keeps workspaces where it does."""
+    return start_gateway(
+        proposals_url=proposals.url,
+        workspaces_root=Path(service_env["SIGNALBOX_WORKSPACES_ROOT"]),
+    )
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ on every HTTP route and WebSocket frame that takes an id, and none of A's events
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,11 +14,17 @@ import pytest
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.proposals.app import create_app as create_proposals_app
-from shared.db import Message, ToolCall, Turn
+from shared.db import ToolCall, Turn
 from shared.event_stream import EventStream
-from shared.ids import new_id
-from tests.gateway.conftest import LiveGateway, ServerThread, bearer, connect, recv, request
+from tests.gateway.conftest import (
+    LiveGateway,
+    ServerThread,
+    add_call,
+    bearer,
+    connect,
+    recv,
+    request,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -38,26 +44,6 @@ class Objects:
 
 
 @pytest.fixture
-def proposals(service_env: dict[str, str]) -> Iterator[ServerThread]:
-    server = ServerThread(create_proposals_app())
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def gw(
-    start_gateway: Callable[..., LiveGateway],
-    proposals: ServerThread,
-    service_env: dict[str, str],
-) -> LiveGateway:
-    return start_gateway(
-        proposals_url=proposals.url,
-        workspaces_root=Path(service_env["SIGNALBOX_WORKSPACES_ROOT"]),
-    )
-
-
-@pytest.fixture
 def owned_by_a(
     gw: LiveGateway,
     proposals: ServerThread,
@@ -73,30 +59,7 @@ def owned_by_a(
             f"/api/conversations/{conversation_id}/turns", json={"text": "A's secret turn"}
         )
         turn_id = created_turn.json()["turn_id"]
-    with db_sessions() as session:
-        message = Message(
-            id=new_id("msg"),
-            conversation_id=conversation_id,
-            turn_id=turn_id,
-            seq=1,
-            role="assistant",
-            content=[{"type": "tool_use", "id": "tu1", "name": "run_python", "input": {}}],
-        )
-        session.add(message)
-        session.flush()
-        call = ToolCall(
-            id=new_id("call"),
-            turn_id=turn_id,
-            message_id=message.id,
-            position=0,
-            tool_use_id="tu1",
-            tool="run_python",
-            input={"code": "print(1)"},
-            status="needs_decision",
-        )
-        session.add(call)
-        session.commit()
-        call_id = call.id
+    call_id = add_call(db_sessions, turn_id, conversation_id)
     created = httpx.post(
         f"{proposals.url}/internal/proposals",
         headers={"X-Signalbox-Internal-Token": internal_token},

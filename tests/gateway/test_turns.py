@@ -12,11 +12,11 @@ import redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db import Conversation, Message, ToolCall, Turn
-from shared.ids import new_id
+from shared.db import Conversation, ToolCall, Turn
 from shared.workspace_paths import workspace_dir
 from tests.gateway.conftest import (
     LiveGateway,
+    add_call,
     bearer,
     connect,
     events_until,
@@ -163,32 +163,6 @@ async def test_cancel_marks_the_turn_and_publishes(
     assert (reply["type"], reply["code"]) == ("error", "not_found")
 
 
-def _tool_call_needing_decision(session: Session, turn: Turn) -> str:
-    message = Message(
-        id=new_id("msg"),
-        conversation_id=turn.conversation_id,
-        turn_id=turn.id,
-        seq=1,
-        role="assistant",
-        content=[{"type": "tool_use", "id": "tu_1", "name": "run_python", "input": {}}],
-    )
-    session.add(message)
-    session.flush()
-    call = ToolCall(
-        id=new_id("call"),
-        turn_id=turn.id,
-        message_id=message.id,
-        position=0,
-        tool_use_id="tu_1",
-        tool="run_python",
-        input={"code": "1+1"},
-        status="needs_decision",
-    )
-    session.add(call)
-    session.commit()
-    return call.id
-
-
 async def test_decide_tool_records_once_announces_and_resumes(
     gateway: LiveGateway,
     make_user: Users,
@@ -200,10 +174,7 @@ async def test_decide_tool_records_once_announces_and_resumes(
     async with await connect(gateway, token) as ws:
         ack = await request(ws, {"type": "user_turn", "conversation_id": None, "text": "go"})
         await events_until(ws, lambda es: len(es) >= 2)
-        with db_sessions() as session:
-            turn = session.get(Turn, ack["turn_id"])
-            assert turn is not None
-            call_id = _tool_call_needing_decision(session, turn)
+        call_id = add_call(db_sessions, ack["turn_id"], ack["conversation_id"])
         async with await connect(gateway, other_token) as intruder:
             reply = await request(intruder, {"type": "decide_tool", "call_id": call_id,
                                              "decision": "allow"})  # fmt: skip

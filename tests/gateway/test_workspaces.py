@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.proposals.app import create_app as create_proposals_app
 from shared.db import User, Workspace
-from tests.gateway.conftest import LiveGateway, ServerThread, bearer
+from tests.gateway.conftest import LiveGateway, bearer
 
 Users = Callable[[], tuple[str, str]]
 IDENTITY = ("-c", "user.name=Test", "-c", "user.email=test@localhost")
@@ -22,26 +20,6 @@ IDENTITY = ("-c", "user.name=Test", "-c", "user.email=test@localhost")
 def git(repo: Path, *args: str) -> None:
     subprocess.run(
         ["git", *IDENTITY, "-C", str(repo), *args], capture_output=True, check=True, timeout=10
-    )
-
-
-@pytest.fixture
-def proposals(service_env: dict[str, str]) -> Iterator[ServerThread]:
-    server = ServerThread(create_proposals_app())
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def gw(
-    start_gateway: Callable[..., LiveGateway],
-    proposals: ServerThread,
-    service_env: dict[str, str],
-) -> LiveGateway:
-    return start_gateway(
-        proposals_url=proposals.url,
-        workspaces_root=Path(service_env["SIGNALBOX_WORKSPACES_ROOT"]),
     )
 
 
