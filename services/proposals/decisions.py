@@ -139,9 +139,10 @@ def current_files(ctx: ServiceContext, proposal: Proposal) -> list[dict[str, Any
             entry.update(refused=str(exc), current_sha256=None, diff="")
         else:
             text = None if data is None else data.decode("utf-8", errors="replace")
+            current_sha = None if data is None else sha256_bytes(data)
             entry.update(
-                current_sha256=None if data is None else sha256_bytes(data),
-                changed=(None if data is None else sha256_bytes(data)) != f.before_sha256,
+                current_sha256=current_sha,
+                changed=current_sha != f.before_sha256,
                 diff=unified_diff(f.path, text, f.after),
             )
         files.append(entry)
@@ -185,13 +186,13 @@ def _chosen(proposal: Proposal, paths: Sequence[str] | None) -> list[ProposalFil
         return None
     if not paths:
         raise BadProposal("expected at least one file to approve, got an empty list")
-    have = {f.path for f in proposal.files}
-    unknown = sorted(set(paths) - have)
+    wanted, have = set(paths), {f.path for f in proposal.files}
+    unknown = sorted(wanted - have)
     if unknown:
         raise BadProposal(f"expected files of proposal {proposal.id!r}, got {unknown!r}")
-    if set(paths) == have:
+    if wanted == have:
         return None
-    return [f for f in proposal.files if f.path in set(paths)]
+    return [f for f in proposal.files if f.path in wanted]
 
 
 def _split(

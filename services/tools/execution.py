@@ -117,10 +117,8 @@ def execute(request: ToolCallRequest, context: ToolContext, registry: Registry) 
         else:
             output = returned
     except SoftTimeLimitExceeded:
-        status, error = (
-            "timeout",
-            (f"{request.tool} exceeded its time limit of {request.timeout_s:g} s"),
-        )
+        status = "timeout"
+        error = f"{request.tool} exceeded its time limit of {request.timeout_s:g} s"
     except (ToolError, PathOutsideWorkspace) as exc:
         status, error = "error", str(exc)
     except Exception as exc:  # a tool bug must not crash the task: the model gets the error
