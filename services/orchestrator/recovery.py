@@ -117,9 +117,9 @@ def stale_queued_turns(
         for conversation_id, (turn_id, status, created_at) in heads.items()
         if status == "queued" and (adopt or as_utc(created_at) <= cutoff)
     ]
+    ttl_ms = max(1, int(stale_s * 1000))
     found = []
     for turn_id, _conv in _ours_unleased(client, keys, candidates, adopt):
-        ttl_ms = max(1, int(stale_s * 1000))
         if adopt or client.set(keys.turn_requeued(turn_id), "1", nx=True, px=ttl_ms):
             found.append(turn_id)
     return found
@@ -135,7 +135,7 @@ def redis_lost_data(client: redis.Redis, keys: RedisKeys, seen: str | None) -> t
 
 
 class Reconciler:
-    """A daemon thread that re-enqueues orphaned turns every ``interval_s``."""
+    """A daemon thread that re-enqueues turns nobody works on every ``interval_s``."""
 
     def __init__(
         self,

@@ -131,6 +131,17 @@ def next_queued_turn(sessions: Sessions, conversation_id: str) -> str | None:
         )
 
 
+def _updated(s: Session, statement: Any) -> bool:
+    """Run a conditional ``UPDATE``; True if it changed exactly one row."""
+    return cast(CursorResult[Any], s.execute(statement)).rowcount == 1
+
+
+def _elapsed_ms(started: datetime | None, now: datetime) -> int:
+    """Milliseconds from ``started`` (None: ``now``) to ``now``, never negative."""
+    since = as_utc(started) if started else now
+    return max(0, int((now - since).total_seconds() * 1000))
+
+
 def _next_seq(s: Session, conversation_id: str) -> int:
     last = s.scalar(select(func.max(Message.seq)).where(Message.conversation_id == conversation_id))
     return (last or 0) + 1
@@ -177,15 +188,10 @@ def open_turn(sessions: Sessions, info: TurnInfo, model: str) -> Opened:
 def set_turn_status(sessions: Sessions, turn_id: str, status: str, *, only_from: str) -> bool:
     """Move a turn between live states (running ⇄ parked); False if it was not ``only_from``."""
     with sessions() as s, s.begin():
-        result = cast(
-            CursorResult[Any],
-            s.execute(
-                update(Turn)
-                .where(Turn.id == turn_id, Turn.status == only_from)
-                .values(status=status)
-            ),
+        return _updated(
+            s,
+            update(Turn).where(Turn.id == turn_id, Turn.status == only_from).values(status=status),
         )
-        return result.rowcount == 1
 
 
 def last_assistant_message(
@@ -289,21 +295,17 @@ def retry_call(sessions: Sessions, call_id: str, attempts: int) -> ToolCall | No
     """A running call sent again: a new attempt from now. None if it ended or was retried
     already (``attempts`` is what the caller saw: two runners never both retry it)."""
     with sessions() as s, s.begin():
-        result = cast(
-            CursorResult[Any],
-            s.execute(
-                update(ToolCall)
-                .where(
-                    ToolCall.id == call_id,
-                    ToolCall.status == "running",
-                    ToolCall.attempts == attempts,
-                )
-                .values(attempts=attempts + 1, started_at=utcnow())
-            ),
+        retried = _updated(
+            s,
+            update(ToolCall)
+            .where(
+                ToolCall.id == call_id,
+                ToolCall.status == "running",
+                ToolCall.attempts == attempts,
+            )
+            .values(attempts=attempts + 1, started_at=utcnow()),
         )
-        if result.rowcount != 1:
-            return None
-        return s.get(ToolCall, call_id)
+        return s.get(ToolCall, call_id) if retried else None
 
 
 def apply_decision(sessions: Sessions, call_id: str) -> ToolCall | None:
@@ -362,8 +364,7 @@ def record_results(sessions: Sessions, rows: Sequence[ResultRow]) -> list[EndedC
             duration_ms = row.duration_ms
             if duration_ms is None:
                 started = s.scalar(select(_calls.c.started_at).where(_calls.c.id == row.call_id))
-                since = as_utc(started) if started else now
-                duration_ms = max(0, int((now - since).total_seconds() * 1000))
+                duration_ms = _elapsed_ms(started, now)
             tool = s.execute(
                 update(_calls)
                 .where(_calls.c.id == row.call_id, _calls.c.status.in_(OPEN_CALL_STATUSES))
@@ -481,25 +482,22 @@ def expire_decision(sessions: Sessions, call_id: str) -> ToolCall | None:
         if call is None or call.expires_at is None or not _expired(call, now):
             return None
         deadline = as_utc(call.expires_at).isoformat(timespec="seconds").replace("+00:00", "Z")
-        result = cast(
-            CursorResult[Any],
-            s.execute(
-                update(ToolCall)
-                .where(
-                    ToolCall.id == call_id,
-                    ToolCall.status == "needs_decision",
-                    ToolCall.decision.is_(None),  # the same condition a human decision races on
-                )
-                .values(
-                    status="denied",
-                    decision="expired",
-                    error=f"expired: nobody decided before {deadline}",
-                    finished_at=now,
-                    duration_ms=0,
-                )
+        if not _updated(
+            s,
+            update(ToolCall)
+            .where(
+                ToolCall.id == call_id,
+                ToolCall.status == "needs_decision",
+                ToolCall.decision.is_(None),  # the same condition a human decision races on
+            )
+            .values(
+                status="denied",
+                decision="expired",
+                error=f"expired: nobody decided before {deadline}",
+                finished_at=now,
+                duration_ms=0,
             ),
-        )
-        if result.rowcount != 1:
+        ):
             return None
         s.refresh(call)
         return call
@@ -529,25 +527,18 @@ def expire_waiting(sessions: Sessions, call_id: str, error: str) -> ToolCall | N
         call = s.get(ToolCall, call_id)
         if call is None or not _expired(call, now):
             return None
-        started = as_utc(call.started_at) if call.started_at else now
-        result = cast(
-            CursorResult[Any],
-            s.execute(
-                update(ToolCall)
-                .where(
-                    ToolCall.id == call_id,
-                    ToolCall.status == "waiting",
-                )
-                .values(
-                    status="timeout",
-                    error=error,
-                    token_hash=None,
-                    finished_at=now,
-                    duration_ms=max(0, int((now - started).total_seconds() * 1000)),
-                )
+        if not _updated(
+            s,
+            update(ToolCall)
+            .where(ToolCall.id == call_id, ToolCall.status == "waiting")
+            .values(
+                status="timeout",
+                error=error,
+                token_hash=None,
+                finished_at=now,
+                duration_ms=_elapsed_ms(call.started_at, now),
             ),
-        )
-        if result.rowcount != 1:
+        ):
             return None
         s.refresh(call)
         return call

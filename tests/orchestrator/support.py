@@ -8,8 +8,10 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.orchestrator.loop import Runtime, run_turn
@@ -21,7 +23,7 @@ from services.orchestrator.model import (
     TextDelta,
     ToolUse,
 )
-from shared.db.models import Conversation, Turn
+from shared.db.models import Conversation, ToolCall, Turn
 from shared.events import Event
 from shared.ids import new_id
 from shared.redis_keys import RedisKeys
@@ -220,3 +222,18 @@ class Harness:
 
     def kinds(self) -> list[str]:
         return [e.kind for e in self.events()]
+
+    def data(self, kind: str) -> list[dict[str, Any]]:
+        """The data of the harness conversation's events of ``kind``, in order."""
+        return [e.data for e in self.events() if e.kind == kind]
+
+    def calls(self, turn_id: str) -> list[ToolCall]:
+        """The tool call rows of ``turn_id``, in model order."""
+        with self.sessions() as s:
+            return list(
+                s.scalars(
+                    select(ToolCall)
+                    .where(ToolCall.turn_id == turn_id)
+                    .order_by(ToolCall.message_id, ToolCall.position)
+                )
+            )

@@ -28,21 +28,6 @@ from .support import Harness, ok, say, spec, use, wait_for
 SHORT_S = 0.3  # a decision or client tool that expires within a test
 
 
-def _calls(h: Harness, turn_id: str) -> list[ToolCall]:
-    with h.sessions() as s:
-        return list(
-            s.scalars(
-                select(ToolCall)
-                .where(ToolCall.turn_id == turn_id)
-                .order_by(ToolCall.message_id, ToolCall.position)
-            )
-        )
-
-
-def _data(h: Harness, kind: str) -> list[dict[str, Any]]:
-    return [e.data for e in h.events() if e.kind == kind]
-
-
 def _status(h: Harness, turn_id: str) -> str:
     with h.sessions() as s:
         turn = s.get(Turn, turn_id)
@@ -103,7 +88,7 @@ def test_confirm_then_allow_over_the_websocket_runs_the_call(
     turn_id = h.turn("compute")
 
     assert h.run(turn_id) == "parked"
-    [asked] = _data(h, "tool_call_needs_decision")
+    [asked] = h.data("tool_call_needs_decision")
     assert asked["expires_at"].endswith("Z")
     assert h.dispatcher.sent == []
 
@@ -111,8 +96,8 @@ def test_confirm_then_allow_over_the_websocket_runs_the_call(
     assert reply["type"] == "ack"
     assert h.run(turn_id) == "completed"
 
-    assert [c.status for c in _calls(h, turn_id)] == ["ok"]
-    assert _data(h, "tool_call_decided")[0]["decision"] == "allow"
+    assert [c.status for c in h.calls(turn_id)] == ["ok"]
+    assert h.data("tool_call_decided")[0]["decision"] == "allow"
     assert _last_results(h)[0]["content"] == "42"
 
 
@@ -124,16 +109,16 @@ def test_confirm_then_deny_ends_the_call_denied_and_the_turn_goes_on(
     h.model.steps = [say("Running.", use("run_python", code="rm")), say("Understood.")]
     turn_id = h.turn("compute")
     assert h.run(turn_id) == "parked"
-    [asked] = _data(h, "tool_call_needs_decision")
+    [asked] = h.data("tool_call_needs_decision")
 
     reply = request(ws, {"type": "decide_tool", "call_id": asked["call_id"], "decision": "deny"})
     assert reply["type"] == "ack"
     assert h.run(turn_id) == "completed"
 
-    [call] = _calls(h, turn_id)
+    [call] = h.calls(turn_id)
     assert call.status == "denied"
     assert h.dispatcher.sent == []
-    [finished] = _data(h, "tool_call_finished")
+    [finished] = h.data("tool_call_finished")
     assert finished["status"] == "denied"
     assert _last_results(h)[0]["is_error"] is True
 
@@ -150,11 +135,11 @@ def test_confirm_with_no_decision_expires_and_the_turn_goes_on(harness: Harness)
     wait_for(lambda: _reconciler(h).sweep() == [turn_id], what="the reconciler to see expiry")
     assert h.run(turn_id) == "completed"
 
-    [call] = _calls(h, turn_id)
+    [call] = h.calls(turn_id)
     assert (call.status, call.decision) == ("denied", "expired")
     assert (call.error or "").startswith("expired")
-    assert _data(h, "tool_call_decided") == [{"call_id": call.id, "decision": "expired"}]
-    [finished] = _data(h, "tool_call_finished")
+    assert h.data("tool_call_decided") == [{"call_id": call.id, "decision": "expired"}]
+    [finished] = h.data("tool_call_finished")
     assert finished["status"] == "denied" and finished["error"].startswith("expired")
     assert "expired" in _last_results(h)[0]["content"]
 
@@ -195,7 +180,7 @@ def test_a_cancelled_parked_turn_is_woken_and_cancelled(harness: Harness) -> Non
     assert _reconciler(h).sweep() == [turn_id]
     assert h.run(turn_id) == "cancelled"
 
-    assert [c.status for c in _calls(h, turn_id)] == ["cancelled"]
+    assert [c.status for c in h.calls(turn_id)] == ["cancelled"]
 
 
 # -- the policy in the loop --------------------------------------------------------------
@@ -224,9 +209,9 @@ def test_the_policy_denies_by_pattern_and_allows_by_pattern(harness: Harness) ->
 
     assert h.run(turn_id) == "completed"
 
-    assert [c.status for c in _calls(h, turn_id)] == ["ok", "denied", "denied"]
-    assert _data(h, "tool_call_needs_decision") == []
-    denied = _calls(h, turn_id)[1]
+    assert [c.status for c in h.calls(turn_id)] == ["ok", "denied", "denied"]
+    assert h.data("tool_call_needs_decision") == []
+    denied = h.calls(turn_id)[1]
     assert "deny pattern" in (denied.error or "")
 
 
@@ -244,7 +229,7 @@ def test_ask_user_parks_until_the_answer_and_returns_it(
     turn_id = h.turn("format the code")
 
     assert h.run(turn_id) == "parked"
-    [question] = _data(h, "question")
+    [question] = h.data("question")
     assert question["text"] == "Tabs or spaces?" and question["options"] == ["tabs", "spaces"]
     assert {t.name for t in h.model.requests[0].tools} >= {"ask_user", "spawn_agent"}
 
@@ -254,11 +239,11 @@ def test_ask_user_parks_until_the_answer_and_returns_it(
     assert reply["type"] == "ack"
     again = request(ws, {"type": "answer", "question_id": question["question_id"], "text": "tabs"})
     assert (again["type"], again["code"]) == ("error", "conflict")
-    assert _data(h, "question_answered") == [{"question_id": question["question_id"]}]
+    assert h.data("question_answered") == [{"question_id": question["question_id"]}]
     assert h.run(turn_id) == "completed"
 
     assert _last_results(h)[0]["content"] == "spaces"
-    assert [c.status for c in _calls(h, turn_id)] == ["ok"]
+    assert [c.status for c in h.calls(turn_id)] == ["ok"]
 
 
 def test_ask_user_with_bad_input_gets_an_error_result(harness: Harness) -> None:
@@ -268,7 +253,7 @@ def test_ask_user_with_bad_input_gets_an_error_result(harness: Harness) -> None:
 
     assert h.run(turn_id) == "completed"
 
-    [call] = _calls(h, turn_id)
+    [call] = h.calls(turn_id)
     assert call.status == "error" and "question" in (call.error or "")
 
 
@@ -291,10 +276,10 @@ def test_a_client_tool_answered_with_its_token_resumes_the_turn(
 
     assert h.run(turn_id) == "parked"
     assert "editor_selection" in {t.name for t in h.model.requests[0].tools}
-    [started] = _data(h, "tool_call_started")
+    [started] = h.data("tool_call_started")
     assert started["executor"] == "client" and started["timeout_s"] == 30
     token, call_id = started["token"], started["call_id"]
-    [call] = _calls(h, turn_id)
+    [call] = h.calls(turn_id)
     assert call.token_hash == hash_token(token) and token not in json.dumps(call.input)
 
     frame = {"type": "tool_result", "call_id": call_id, "output": "foo()", "is_error": False}
@@ -305,7 +290,7 @@ def test_a_client_tool_answered_with_its_token_resumes_the_turn(
     assert (reused["type"], reused["code"]) == ("error", "not_found")
 
     assert h.run(turn_id) == "completed"
-    [finished] = _data(h, "tool_call_finished")
+    [finished] = h.data("tool_call_finished")
     assert (finished["status"], finished["output"]) == ("ok", "foo()")
     assert _last_results(h)[0]["content"] == "foo()"
 
@@ -319,7 +304,7 @@ def test_a_client_tool_never_answered_times_out_and_the_turn_goes_on(harness: Ha
     wait_for(lambda: _reconciler(h).sweep() == [turn_id], what="the client tool to time out")
     assert h.run(turn_id) == "completed"
 
-    [call] = _calls(h, turn_id)
+    [call] = h.calls(turn_id)
     assert (call.status, call.token_hash) == ("timeout", None)
     assert "did not answer" in (call.error or "")
     assert _last_results(h)[0]["is_error"] is True
@@ -334,7 +319,7 @@ def test_a_client_cannot_stand_in_for_a_server_tool(harness: Harness) -> None:
 
     assert h.run(turn_id) == "completed"
 
-    [started] = _data(h, "tool_call_started")
+    [started] = h.data("tool_call_started")
     assert started["executor"] == "server"
     assert _status(h, turn_id) == "completed"
 

@@ -30,21 +30,6 @@ def _turn(h: Harness, turn_id: str) -> Turn:
         return turn
 
 
-def _calls(h: Harness, turn_id: str) -> list[ToolCall]:
-    with h.sessions() as s:
-        return list(
-            s.scalars(
-                select(ToolCall)
-                .where(ToolCall.turn_id == turn_id)
-                .order_by(ToolCall.message_id, ToolCall.position)
-            )
-        )
-
-
-def _data(h: Harness, kind: str) -> list[dict[str, Any]]:
-    return [e.data for e in h.events() if e.kind == kind]
-
-
 def test_parallel_calls_then_answer_completes_the_turn(harness: Harness) -> None:
     h = harness
     h.catalogue(spec("list_dir"), spec("read_file"))
@@ -62,15 +47,15 @@ def test_parallel_calls_then_answer_completes_the_turn(harness: Harness) -> None
     first_finish = kinds.index("tool_call_finished")
     assert last_start < first_finish, "both calls start before either finishes"
     assert h.dispatcher.sends == 1, "one group per step"
-    texts = "".join(d["text"] for d in _data(h, "text_delta"))
+    texts = "".join(d["text"] for d in h.data("text_delta"))
     assert texts == "Looking around.All done."
-    assert [d["text"] for d in _data(h, "assistant_message")] == ["Looking around.", "All done."]
-    finished = _data(h, "turn_finished")[0]
+    assert [d["text"] for d in h.data("assistant_message")] == ["Looking around.", "All done."]
+    finished = h.data("turn_finished")[0]
     assert finished["status"] == "completed" and finished["steps"] == 2
     assert finished["usage"] == {"input_tokens": 20, "output_tokens": 10}
     turn = _turn(h, turn_id)
     assert (turn.status, turn.step, turn.input_tokens) == ("completed", 2, 20)
-    assert [c.status for c in _calls(h, turn_id)] == ["ok", "ok"]
+    assert [c.status for c in h.calls(turn_id)] == ["ok", "ok"]
 
     # The second step saw both results, in order, as a valid transcript.
     messages = h.model.requests[1].messages
@@ -93,7 +78,7 @@ def test_a_call_without_result_is_lost_at_its_deadline_and_the_others_keep_their
 
     assert h.run(turn_id) == "completed"
 
-    statuses = {d["tool"]: d["status"] for d in _data(h, "tool_call_finished")}
+    statuses = {d["tool"]: d["status"] for d in h.data("tool_call_finished")}
     assert statuses == {"fast": "ok", "vanishing": "lost"}
     results = h.model.requests[1].messages[-1]["content"]
     lost = next(b for b in results if b.get("is_error"))
@@ -109,7 +94,7 @@ def test_an_unknown_tool_gets_an_error_result_and_is_not_dispatched(harness: Har
 
     assert h.run(turn_id) == "completed"
 
-    [finished] = _data(h, "tool_call_finished")
+    [finished] = h.data("tool_call_finished")
     assert (finished["status"], finished["error"]) == ("error", "unknown tool 'nope'")
     assert h.dispatcher.sent == []
     assert "unknown tool 'nope'" in json.dumps(h.model.requests[1].messages[-1])
@@ -124,7 +109,7 @@ def test_the_step_limit_ends_a_turn_that_keeps_calling_tools(harness: Harness) -
 
     assert h.run(turn_id) == "step_limit"
 
-    finished = _data(h, "turn_finished")[0]
+    finished = h.data("turn_finished")[0]
     assert (finished["status"], finished["steps"]) == ("step_limit", 4)
     assert len(h.model.requests) == 4
 
@@ -135,7 +120,7 @@ def test_a_model_error_fails_the_turn_with_the_error(harness: Harness) -> None:
 
     assert harness.run(turn_id) == "failed"
 
-    finished = _data(harness, "turn_finished")[0]
+    finished = harness.data("turn_finished")[0]
     assert finished["status"] == "failed"
     assert "400" in finished["error"]
     assert _turn(harness, turn_id).status == "failed"
@@ -147,7 +132,7 @@ def test_an_unexpected_exception_is_recorded_as_failed(harness: Harness) -> None
 
     assert harness.run(turn_id) == "failed"
 
-    assert _data(harness, "turn_finished")[0]["error"] == "RuntimeError: boom"
+    assert harness.data("turn_finished")[0]["error"] == "RuntimeError: boom"
 
 
 def test_cancel_while_tools_run_cancels_the_calls_and_revokes_them(harness: Harness) -> None:
@@ -169,11 +154,11 @@ def test_cancel_while_tools_run_cancels_the_calls_and_revokes_them(harness: Harn
     runner.join(timeout=10)
 
     assert outcome == ["cancelled"]
-    [call] = _calls(h, turn_id)
+    [call] = h.calls(turn_id)
     assert call.status == "cancelled"
     assert h.dispatcher.revoked == [call.id]
-    assert _data(h, "turn_finished")[0]["status"] == "cancelled"
-    assert _data(h, "assistant_message")[0]["text"] == "Working."
+    assert h.data("turn_finished")[0]["status"] == "cancelled"
+    assert h.data("assistant_message")[0]["text"] == "Working."
 
 
 def test_cancel_mid_stream_keeps_the_partial_text(
@@ -203,7 +188,7 @@ def test_cancel_mid_stream_keeps_the_partial_text(
 
     assert h.run(turn_id) == "cancelled"
 
-    assert _data(h, "assistant_message") == [{"text": "Half an ans"}]
+    assert h.data("assistant_message") == [{"text": "Half an ans"}]
     with h.sessions() as s:
         stored = s.scalars(select(Message).where(Message.turn_id == turn_id)).all()
     assert [m.role for m in stored] == ["user", "assistant"]
@@ -228,7 +213,7 @@ def test_a_resumed_turn_awaits_its_running_calls_without_dispatching_again(
     with pytest.raises(RunnerDied):
         h.run(turn_id)
     monkeypatch.setattr(loop.TurnRunner, "emit", original_emit)
-    [call] = _calls(h, turn_id)
+    [call] = h.calls(turn_id)
     assert call.status == "running"
     # The worker did run it and published while no orchestrator listened.
     publish_result(
@@ -242,9 +227,9 @@ def test_a_resumed_turn_awaits_its_running_calls_without_dispatching_again(
 
     kinds = h.kinds()
     assert kinds.count("turn_started") == 1
-    assert _data(h, "turn_resumed") == [{"step": 1}]
+    assert h.data("turn_resumed") == [{"step": 1}]
     assert h.dispatcher.sends == 1, "a running call is awaited, never sent again"
-    assert [c.status for c in _calls(h, turn_id)] == ["ok"]
+    assert [c.status for c in h.calls(turn_id)] == ["ok"]
     assert "prop_1" in json.dumps(h.model.requests[-1].messages)
 
 
@@ -257,11 +242,11 @@ def test_a_runner_dying_right_after_sending_loses_nothing(harness: Harness) -> N
     turn_id = h.turn("write a")
     with pytest.raises(RunnerDied):
         h.run(turn_id)
-    assert [c.status for c in _calls(h, turn_id)] == ["pending"]
+    assert [c.status for c in h.calls(turn_id)] == ["pending"]
 
     assert h.run(turn_id) == "completed"
 
-    [call] = _calls(h, turn_id)
+    [call] = h.calls(turn_id)
     assert (call.status, call.attempts) == ("ok", 1)
     assert h.dispatcher.runs == [call.id], "the tool ran once"
     assert h.dispatcher.sends == 2, "sent again; the worker's claim skipped the duplicate"
@@ -305,13 +290,13 @@ def test_a_confirm_tool_parks_the_turn_until_a_decision(harness: Harness) -> Non
 
     assert h.run(turn_id) == "parked"
     assert _turn(h, turn_id).status == "parked"
-    [asked] = _data(h, "tool_call_needs_decision")
+    [asked] = h.data("tool_call_needs_decision")
     assert h.dispatcher.sent == []
 
     with h.sessions() as s, s.begin():
         s.get(ToolCall, asked["call_id"]).decision = "allow"  # type: ignore[union-attr]
     assert h.run(turn_id) == "completed"
-    assert [c.status for c in _calls(h, turn_id)] == ["ok"]
+    assert [c.status for c in h.calls(turn_id)] == ["ok"]
 
 
 def test_a_cancelled_queued_turn_never_reaches_the_model(harness: Harness) -> None:
@@ -382,10 +367,10 @@ def test_the_loop_on_the_real_sdk_sends_valid_transcripts(
     assert fake_anthropic.remaining == 0
     last = fake_anthropic.requests[-1].body["messages"]
     assert [m["role"] for m in last] == ["user", "assistant", "user", "assistant", "user"]
-    assert [d["text"] for d in _data(h, "assistant_message")] == [
+    assert [d["text"] for d in h.data("assistant_message")] == [
         "Reading.",
         "It says: contents.",
         "Second turn answer.",
     ]
-    finished = [d for d in _data(h, "turn_finished")]
+    finished = [d for d in h.data("turn_finished")]
     assert finished[0]["usage"] == {"input_tokens": 22, "output_tokens": 14}
