@@ -16,11 +16,7 @@ from services.gateway.errors import Conflict
 from services.gateway.ownership import owned_tool_call
 from services.gateway.state import Gateway
 from shared.db import ToolCall
-
-
-def as_utc(value: datetime) -> datetime:
-    """``value`` with UTC attached (SQLite hands back naive datetimes)."""
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+from shared.db.models import as_utc
 
 
 def _rfc3339(value: datetime) -> str:

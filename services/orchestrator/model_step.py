@@ -51,6 +51,7 @@ from services.orchestrator.transcript import (
     load_messages,
     load_proposal_notes,
 )
+from shared.db.models import as_utc
 from shared.tool_contract import ApprovalMode
 
 if TYPE_CHECKING:
@@ -249,4 +250,4 @@ def plan(runner: TurnRunner, use: ToolUse, offered: dict[str, Offer]) -> Planned
 
 
 def _rfc3339(value: Any) -> str:
-    return str(store.as_utc(value).isoformat(timespec="milliseconds").replace("+00:00", "Z"))
+    return str(as_utc(value).isoformat(timespec="milliseconds").replace("+00:00", "Z"))

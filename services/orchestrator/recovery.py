@@ -28,12 +28,11 @@ from sqlalchemy import select
 from services.orchestrator.store import (
     FINISHED_TURN_STATUSES,
     Sessions,
-    as_utc,
     parked_turns,
     ready_to_continue,
     utcnow,
 )
-from shared.db.models import Turn
+from shared.db.models import Turn, as_utc
 from shared.redis_keys import RedisKeys
 
 log = logging.getLogger(__name__)

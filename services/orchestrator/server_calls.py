@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from services.orchestrator import store
-from shared.db.models import ToolCall
+from shared.db.models import ToolCall, as_utc
 from shared.tool_contract import ToolCallRequest, ToolResult
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ def gather(runner: TurnRunner, running: Sequence[ToolCall]) -> str | None:
     waiting = {c.id: c for c in running}
 
     def deadline_of(c: ToolCall) -> float:
-        return store.as_utc(c.started_at or store.utcnow()).timestamp() + c.timeout_s + grace_s
+        return as_utc(c.started_at or store.utcnow()).timestamp() + c.timeout_s + grace_s
 
     deadline = {c.id: deadline_of(c) for c in running}
     key = runner.rt.keys.tool_results(runner.info.turn_id)

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from services.orchestrator.model import ToolUse
 from services.orchestrator.transcript import OPEN_CALL_STATUSES
-from shared.db.models import Conversation, Message, ToolCall, Turn
+from shared.db.models import Conversation, Message, ToolCall, Turn, as_utc
 from shared.ids import new_id
 
 FINISHED_TURN_STATUSES = frozenset({"completed", "cancelled", "failed", "step_limit"})
@@ -32,11 +32,6 @@ Sessions = sessionmaker[Session]
 def utcnow() -> datetime:
     """The current time, timezone-aware."""
     return datetime.now(UTC)
-
-
-def as_utc(value: datetime) -> datetime:
-    """``value`` as an aware UTC time (SQLite hands back naive ones)."""
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
 @dataclass(frozen=True)

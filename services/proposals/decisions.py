@@ -40,9 +40,9 @@ from services.proposals.apply import (
 from services.proposals.context import ServiceContext
 from services.proposals.diffs import unified_diff
 from services.proposals.errors import BadProposal, Conflict, NotFound
-from services.proposals.proposals import as_utc, load, pending_of
+from services.proposals.proposals import load, pending_of
 from shared.db import Outbox, Proposal, ProposalFile
-from shared.db.models import now
+from shared.db.models import as_utc, now
 from shared.events import FileOperation
 from shared.ids import new_id
 

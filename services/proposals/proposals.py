@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +16,8 @@ from services.proposals.diffs import unified_diff
 from services.proposals.errors import BadProposal, Conflict, NotFound
 from services.proposals.schemas import CreateProposal
 from shared.db import Conversation, Outbox, Proposal, ProposalFile
+from shared.db.models import as_utc
 from shared.ids import new_id
-
-
-def as_utc(moment: datetime) -> datetime:
-    """``moment`` as an aware UTC datetime (SQLite hands back naive ones)."""
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 def rfc3339(moment: datetime | None) -> str | None:
