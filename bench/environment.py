@@ -88,7 +88,7 @@ class BenchEnv:
         server = start_redis(var / "redis", persistent=False)
         database_url = f"sqlite:///{var / 'signalbox.db'}"
         upgrade(database_url)
-        fake = FakeAnthropic().start()
+        fake = FakeAnthropic(split_chunks=False).start()
         config = StackConfig(
             var_dir=var,
             redis_url=server.url,

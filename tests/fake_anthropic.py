@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -278,6 +279,16 @@ class RecordedRequest:
     headers: dict[str, str]
     body: dict[str, Any]
     at: float = 0.0  # time.monotonic() when it arrived
+    peer: tuple[str, int] = ("", 0)  # the client's address: one per TCP connection
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client closing its kept-alive connection is normal; anything else is printed."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 @dataclass
@@ -286,6 +297,10 @@ class FakeAnthropic:
 
     host: str = "127.0.0.1"
     seed: int = 1
+    # True: each SSE event's bytes go out in chunks of 1 to 64 bytes at random (a real
+    # network splits frames anywhere; the parser must not care). False: one write per
+    # event, as the real API streams them (the benchmarks).
+    split_chunks: bool = True
     requests: list[RecordedRequest] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     _queue: list[Scripted] = field(default_factory=list)
@@ -316,9 +331,11 @@ class FakeAnthropic:
         with self._lock:
             return len(self._queue)
 
-    def _next(self, body: dict[str, Any], path: str, headers: dict[str, str]) -> Scripted | None:
+    def _next(
+        self, body: dict[str, Any], path: str, headers: dict[str, str], peer: tuple[str, int]
+    ) -> Scripted | None:
         with self._lock:
-            self.requests.append(RecordedRequest(path, headers, body, time.monotonic()))
+            self.requests.append(RecordedRequest(path, headers, body, time.monotonic(), peer))
             if self._by_marker:
                 text = json.dumps(body.get("messages"))
                 for marker, queue in self._by_marker.items():
@@ -333,6 +350,10 @@ class FakeAnthropic:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # A streaming server writes each event at once (as the real API does); with
+            # Nagle's algorithm on, a write behind an unacknowledged one waits for the
+            # client's delayed ACK (40 ms) on a kept-alive connection.
+            disable_nagle_algorithm = True
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass  # keep test output quiet
@@ -362,7 +383,7 @@ class FakeAnthropic:
                 if self.path.split("?")[0] != "/v1/messages":
                     self._error(404, "not_found_error", f"no route {self.path!r}")
                     return
-                item = fake._next(body, self.path, headers)
+                item = fake._next(body, self.path, headers, self.client_address[:2])
                 problems = transcript_problems(body.get("messages") or [])
                 if problems:
                     fake.violations.extend(problems)
@@ -406,17 +427,15 @@ class FakeAnthropic:
                     pass  # the client went away during a stall (a killed orchestrator)
 
             def _chunks(self, payload: bytes) -> None:
-                # Arbitrary chunk boundaries: a real network splits SSE frames anywhere.
                 pos = 0
                 while pos < len(payload):
-                    size = rng.randint(1, 64)
+                    size = rng.randint(1, 64) if fake.split_chunks else len(payload)
                     chunk = payload[pos : pos + size]
                     self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
                     self.wfile.flush()
                     pos += size
 
-        self._server = ThreadingHTTPServer((self.host, 0), Handler)
-        self._server.daemon_threads = True
+        self._server = _Server((self.host, 0), Handler)
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )

@@ -126,6 +126,7 @@ class AnthropicModel:
         blocks: dict[int, _Block] = {}
         input_tokens = output_tokens = 0
         stop_reason: str | None = None
+        stopped = False
         try:
             with stream:
                 for event in stream:
@@ -156,13 +157,19 @@ class AnthropicModel:
                             input_tokens = event.usage.input_tokens
                         output_tokens = event.usage.output_tokens
                     elif kind == "message_stop":
-                        yield StepEnd(stop_reason, input_tokens, output_tokens)
-                        return
+                        # Read on to the end of the body rather than return here: a response
+                        # read to its end hands its connection back to the SDK's pool, so the
+                        # next step reuses it instead of opening (and TLS-handshaking) anew.
+                        stopped = True
         except anthropic.APIError as exc:
-            raise _BrokenStream(_describe(exc)) from exc
+            if not stopped:
+                raise _BrokenStream(_describe(exc)) from exc
         except httpx2.HTTPError as exc:
-            raise _BrokenStream(f"connection broke mid-stream: {exc!r}") from exc
-        raise _BrokenStream("stream ended without message_stop")
+            if not stopped:
+                raise _BrokenStream(f"connection broke mid-stream: {exc!r}") from exc
+        if not stopped:
+            raise _BrokenStream("stream ended without message_stop")
+        yield StepEnd(stop_reason, input_tokens, output_tokens)
 
 
 def _tool_input(block: _Block) -> dict[str, Any]:

@@ -121,3 +121,17 @@ def test_mid_stream_errors_beyond_the_bound_fail(fake_anthropic: FakeAnthropic) 
             events.append(event)
     assert sum(isinstance(e, StepRetry) for e in events) == 2
     assert len(fake_anthropic.requests) == 3
+
+
+def test_consecutive_steps_reuse_one_connection(fake_anthropic: FakeAnthropic) -> None:
+    # Each step's response is read to its end, so the SDK's pool keeps the connection
+    # (against the real API, a new connection per step would cost a TLS handshake).
+    fake_anthropic.script([[text("one"), tool_use("read_file", {})], [text("two")], [text("3")]])
+    model = _model(fake_anthropic)
+
+    for _ in range(3):
+        events = list(model.stream(REQUEST))
+        assert isinstance(events[-1], StepEnd)
+
+    peers = {r.peer for r in fake_anthropic.requests}
+    assert len(fake_anthropic.requests) == 3 and len(peers) == 1, peers
