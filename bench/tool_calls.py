@@ -18,7 +18,7 @@ from typing import Any
 from celery import Celery, group
 
 from bench.environment import BenchEnv, proc_tree_cpu_s
-from bench.noop_app import NOOP_QUEUE, NOOP_TASK
+from bench.noop_app import NOOP_QUEUE, NOOP_TASK, SLEEP_TASK
 from bench.stats import Result, Series
 from services.orchestrator.dispatch import HARD_LIMIT_EXTRA_S, CeleryDispatcher
 from shared.ids import new_id
@@ -116,6 +116,21 @@ def bare_round_trip(app: Celery) -> float:
     return time.perf_counter() - started
 
 
+def bare_parallel(app: Celery, count: int, task: str = NOOP_TASK, seconds: float = 0) -> float:
+    """Seconds for ``count`` bare tasks sent at once until the last result is in.
+
+    Each result is awaited on its own (``AsyncResult.get``: the Redis backend's pub/sub,
+    no polling interval), so this is Celery's fastest way to run tasks in parallel and
+    collect them: the floor under a step's tool calls.
+    """
+    args = [seconds] if task == SLEEP_TASK else []
+    started = time.perf_counter()
+    sent = [app.send_task(task, args=args, queue=NOOP_QUEUE) for _ in range(count)]
+    for result in sent:
+        result.get(timeout=BARE_TIMEOUT_S)
+    return time.perf_counter() - started
+
+
 def bare_batch(app: Celery, count: int) -> float:
     """Seconds for ``count`` no-op tasks sent as one group until every result is in."""
     signatures = [app.signature(NOOP_TASK, queue=NOOP_QUEUE) for _ in range(count)]
@@ -173,16 +188,22 @@ def fanout(env: BenchEnv, rounds: int, warmup: int, quick: bool) -> list[Result]
         sends: list[float] = []
         cpu: list[float] = []
         pids = env.tools(processes, slots).pids
+        env.noop_workers(processes, slots)
+        bare = env.celery("bench-bare")
+        bare_walls: list[float] = []
         for i in range(warmup + rounds):
             cpu_before = proc_tree_cpu_s(pids)
             sent_s, outcomes = caller.run(calls)
             cpu.append((proc_tree_cpu_s(pids) - cpu_before) * 1000 / len(calls))
             if any(o.result.status != "ok" for o in outcomes.values()):
                 raise RuntimeError(f"fanout: a call failed: {outcomes}")
+            bare_s = bare_parallel(bare, len(calls), SLEEP_TASK, 0.5)
             if i >= warmup:
                 walls.append(max(o.seen_after_s for o in outcomes.values()) * 1000)
                 sends.append(sent_s * 1000)
+                bare_walls.append(bare_s * 1000)
         measured = Series(f"{len(calls)} x sleep(0.5)", walls)
+        bare_median = Series("bare", bare_walls).median
         efficiency = 500.0 / measured.median
         results.append(
             Result(
@@ -198,9 +219,17 @@ def fanout(env: BenchEnv, rounds: int, warmup: int, quick: bool) -> list[Result]
                     "efficiency": round(efficiency, 3),
                     "send_ms_median": round(Series("send", sends).median, 3),
                     "worker_cpu_ms_per_call": round(Series("cpu", cpu[warmup:]).median, 3),
+                    "bare_celery_ms_median": round(bare_median, 3),
+                    "ratio_to_bare_celery": round(measured.median / bare_median, 3),
                 },
+                notes=[
+                    "`bare_celery_ms_median`: the same number of bare Celery tasks sleeping "
+                    "0.5 s on bare workers of the same pool and size, each result awaited "
+                    "(`bench.tool_calls.bare_parallel`), interleaved round by round.",
+                ],
             )
         )
+    env.stop_noop()
     return results
 
 

@@ -21,6 +21,7 @@ import redis
 
 from bench.environment import DUMMY_API_KEY, BenchEnv
 from bench.stats import Result, Series
+from bench.tool_calls import bare_parallel
 from services.orchestrator.anthropic_model import AnthropicModel
 from services.orchestrator.loop import Runtime, run_turn
 from services.orchestrator.model import ModelEvent, ModelRequest, StepEnd, TextDelta, ToolUse
@@ -290,6 +291,8 @@ def _model_step_over_http(env: BenchEnv, model: AnthropicModel) -> float:
 def turn(env: BenchEnv, rounds: int, warmup: int) -> list[Result]:
     """A 3-step turn of 4 tools per step: the real stack vs the same loop in-process."""
     env.tools(1, TOOLS_PER_STEP)
+    env.noop_workers(1, TOOLS_PER_STEP)
+    bare = env.celery("bench-bare")
     env.gateway()
     env.orchestrator()
     user_id, token = env.user()
@@ -300,6 +303,7 @@ def turn(env: BenchEnv, rounds: int, warmup: int) -> list[Result]:
     base: list[float] = []
     gaps: list[float] = []
     model_steps: list[float] = []
+    celery_steps: list[float] = []
     try:
         for i in range(warmup + rounds):
             env.fake.script(_script())
@@ -327,7 +331,9 @@ def turn(env: BenchEnv, rounds: int, warmup: int) -> list[Result]:
                 raise RuntimeError(f"turn: the in-process turn ended {outcome!r}")
             in_wall = timed.finished_at - in_started
             model_s = _model_step_over_http(env, http_model)
+            celery_s = bare_parallel(bare, TOOLS_PER_STEP)
             if i >= warmup:
+                celery_steps.append(celery_s * 1000)
                 ours.append(wall * 1000)
                 base.append(in_wall * 1000)
                 model_steps.append(model_s * 1000)
@@ -336,9 +342,14 @@ def turn(env: BenchEnv, rounds: int, warmup: int) -> list[Result]:
     finally:
         client.close()
         http_model.client.close()
+        env.stop_noop()
     measured = Series("turn over the stack", ours)
     baseline = Series("same loop in-process", base)
     added_per_step = (measured.median - baseline.median) / MODEL_STEPS
+    # What Celery itself costs a turn: a bare round trip of each tool step's 4 tasks,
+    # spread over the model steps (the last step calls no tools).
+    celery_group_ms = statistics.median(celery_steps)
+    celery_floor_per_step = celery_group_ms * TOOL_STEPS / MODEL_STEPS
     return [
         Result(
             id="turn",
@@ -355,11 +366,19 @@ def turn(env: BenchEnv, rounds: int, warmup: int) -> list[Result]:
                 "step_gap_ms_median": round(statistics.median(gaps), 3) if gaps else None,
                 "http_model_step_ms_median": round(statistics.median(model_steps), 3),
                 "in_process_ms_per_step": round(baseline.median / MODEL_STEPS, 3),
+                "bare_celery_4_tasks_ms_median": round(celery_group_ms, 3),
+                "celery_floor_ms_per_step": round(celery_floor_per_step, 3),
+                "added_beyond_celery_ms_per_step": round(added_per_step - celery_floor_per_step, 3),
             },
             notes=[
                 "The baseline is Signalbox's own loop with its SQL and Redis writes, the "
                 "model and the tools called in-process; the difference is what the HTTP "
                 "model, Celery dispatch, tool workers and the gateway relay add.",
+                f"`celery_floor_ms_per_step`: {TOOLS_PER_STEP} bare Celery no-op tasks sent at "
+                f"once on a bare prefork worker of {TOOLS_PER_STEP} slots, each result awaited "
+                f"(`bench.tool_calls.bare_parallel`), x {TOOL_STEPS} tool steps / "
+                f"{MODEL_STEPS} model steps: what Celery alone adds to a model step here. "
+                "`added_beyond_celery_ms_per_step` is the rest.",
             ],
         )
     ]
