@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,9 +22,7 @@ import pytest
 import redis
 from celery import Celery
 from sqlalchemy.orm import Session, sessionmaker
-from starlette.testclient import TestClient, WebSocketTestSession
 
-from services.gateway.app import create_app
 from shared.celery_app import RUN_TURN_TASK, make_celery
 from shared.event_stream import EventStream
 from shared.events import Event
@@ -33,6 +31,8 @@ from shared.settings import CommonSettings, GatewaySettings
 from shared.tool_contract import read_catalogue
 from signalbox.processes import Child, ServiceCommands, child_env, log_contains
 from tests.fake_anthropic import FakeAnthropic, text, tool_use
+from tests.gateway.conftest import LiveGateway
+from tests.wsclient import Frame, WsClient
 
 from .support import make_conversation, make_turn, wait_for
 
@@ -187,51 +187,36 @@ def test_four_parallel_calls_one_past_its_limit_ends_timeout_alone(
     assert d.fake.violations == []
 
 
-class Socket:
-    """A gateway WebSocket that keeps the events it sees while waiting for replies."""
+@contextmanager
+def _gateway_socket(d: Deployment, token: str, **overrides: Any) -> Iterator[WsClient]:
+    """A real gateway (uvicorn on a real port) with ``overrides``, and one socket to it.
 
-    def __init__(self, ws: WebSocketTestSession) -> None:
-        self.ws = ws
-        self.events: list[dict[str, Any]] = []
-
-    def request(self, frame: dict[str, Any]) -> dict[str, Any]:
-        req = uuid.uuid4().hex[:8]
-        self.ws.send_json({**frame, "req": req})
-        deadline = time.monotonic() + REPLY_TIMEOUT_S
-        while True:
-            reply: dict[str, Any] = self.ws.receive_json()
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no reply to {frame} within {REPLY_TIMEOUT_S} s")
-            if reply.get("type") == "event":
-                self.events.append(reply)
-            elif reply.get("req") == req:
-                return reply
-
-    def until(
-        self, done: Callable[[dict[str, Any]], bool], timeout_s: float = 30
-    ) -> dict[str, Any]:
-        """Receive until an event satisfies ``done``; the gateway's frequent heartbeats let
-        the deadline be checked while nothing else arrives."""
-        for event in self.events:
-            if done(event):
-                return event
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no such event within {timeout_s} s: {self.events}")
-            frame: dict[str, Any] = self.ws.receive_json()
-            if frame.get("type") == "event":
-                self.events.append(frame)
-                if done(frame):
-                    return frame
+    Starlette's in-process ``TestClient`` was used here once; its portal cancelled the app's
+    background relay at exit now and then (``CancelledError`` in teardown), so these tests
+    drive the gateway the way a client does.
+    """
+    gateway = LiveGateway(GatewaySettings(**d.settings, heartbeat_s=HEARTBEAT_S, **overrides))
+    gateway.start()
+    try:
+        client = WsClient(gateway.url, token)
+        try:
+            yield client
+        finally:
+            client.close()
+    finally:
+        gateway.stop()
 
 
-def _socket(client: TestClient, token: str) -> Any:
-    return client.websocket_connect("/ws", headers={"Authorization": f"Bearer {token}"})
+def _is(kind: str, turn_id: str) -> Callable[[Frame], bool]:
+    return lambda f: f.get("type") == "event" and f["kind"] == kind and f["turn_id"] == turn_id
 
 
-def _is(kind: str, turn_id: str) -> Callable[[dict[str, Any]], bool]:
-    return lambda e: e["kind"] == kind and e["turn_id"] == turn_id
+def _until(ws: WsClient, done: Callable[[Frame], bool], timeout_s: float = 30) -> Frame:
+    """The first event seen so far, or still to come, that satisfies ``done``."""
+    for event in ws.events:
+        if done(event):
+            return event
+    return ws.wait_for(done, timeout_s)
 
 
 def test_busy_policy_interrupt_cancels_the_running_turn_then_runs_the_new_one(
@@ -245,23 +230,22 @@ def test_busy_policy_interrupt_cancels_the_running_turn_then_runs_the_new_one(
         ]
     )
     _, token = make_user()
-    settings = GatewaySettings(**d.settings, busy_policy="interrupt", heartbeat_s=HEARTBEAT_S)
-    with TestClient(create_app(settings)) as client, _socket(client, token) as ws:
-        sock = Socket(ws)
-        first = sock.request({"type": "user_turn", "text": "first"})
+    with _gateway_socket(d, token, busy_policy="interrupt") as ws:
+        first = ws.request({"type": "user_turn", "text": "first"}, REPLY_TIMEOUT_S)
         assert first["type"] == "ack", first
-        sock.until(_is("tool_call_started", first["turn_id"]))
+        _until(ws, _is("tool_call_started", first["turn_id"]))
 
-        second = sock.request(
-            {"type": "user_turn", "conversation_id": first["conversation_id"], "text": "second"}
+        second = ws.request(
+            {"type": "user_turn", "conversation_id": first["conversation_id"], "text": "second"},
+            REPLY_TIMEOUT_S,
         )
         assert second["type"] == "ack", second
-        done = sock.until(_is("turn_finished", second["turn_id"]))
+        done = _until(ws, _is("turn_finished", second["turn_id"]))
 
     assert done["data"]["status"] == "completed"
-    order = [(e["kind"], e["turn_id"]) for e in sock.events]
+    order = [(e["kind"], e["turn_id"]) for e in ws.events]
     cancelled = order.index(("turn_finished", first["turn_id"]))
-    assert sock.events[cancelled]["data"]["status"] == "cancelled"
+    assert ws.events[cancelled]["data"]["status"] == "cancelled"
     assert cancelled < order.index(("turn_started", second["turn_id"]))
     assert ("tool_call_finished", first["turn_id"]) in order
 
@@ -272,19 +256,18 @@ def test_busy_policy_reject_answers_turn_busy(
     d = deployment
     d.fake.script([[text("Waiting."), tool_use("block", {"how": "sleep", "seconds": 30})]])
     _, token = make_user()
-    settings = GatewaySettings(**d.settings, busy_policy="reject", heartbeat_s=HEARTBEAT_S)
-    with TestClient(create_app(settings)) as client, _socket(client, token) as ws:
-        sock = Socket(ws)
-        first = sock.request({"type": "user_turn", "text": "first"})
-        sock.until(_is("tool_call_started", first["turn_id"]))
+    with _gateway_socket(d, token, busy_policy="reject") as ws:
+        first = ws.request({"type": "user_turn", "text": "first"}, REPLY_TIMEOUT_S)
+        _until(ws, _is("tool_call_started", first["turn_id"]))
 
-        refused = sock.request(
-            {"type": "user_turn", "conversation_id": first["conversation_id"], "text": "again"}
+        refused = ws.request(
+            {"type": "user_turn", "conversation_id": first["conversation_id"], "text": "again"},
+            REPLY_TIMEOUT_S,
         )
 
         assert (refused["type"], refused["code"]) == ("error", "turn_busy")
-        assert sock.request({"type": "cancel", "turn_id": first["turn_id"]})["type"] == "ack"
-        done = sock.until(_is("turn_finished", first["turn_id"]))
+        assert ws.request({"type": "cancel", "turn_id": first["turn_id"]})["type"] == "ack"
+        done = _until(ws, _is("turn_finished", first["turn_id"]))
     assert done["data"]["status"] == "cancelled"
 
 
