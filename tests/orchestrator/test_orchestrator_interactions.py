@@ -5,16 +5,13 @@ real Redis and SQL; answers go through the real gateway app over its WebSocket."
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import select
-from starlette.testclient import TestClient, WebSocketTestSession
 
-from services.gateway.app import create_app
 from services.orchestrator import store
 from services.orchestrator.policy import ToolPolicy, ToolRule
 from services.orchestrator.recovery import Reconciler
@@ -22,6 +19,8 @@ from shared.auth import hash_token
 from shared.db.models import ToolCall, Turn
 from shared.settings import GatewaySettings
 from tests.fake_anthropic import transcript_problems
+from tests.gateway.conftest import LiveGateway
+from tests.wsclient import WsClient
 
 from .support import Harness, ok, say, spec, use, wait_for
 
@@ -47,8 +46,10 @@ def _reconciler(h: Harness) -> Reconciler:
 
 
 @pytest.fixture
-def ws(harness: Harness, internal_token: str, tmp_path: Path) -> Iterator[WebSocketTestSession]:
-    """The harness user's WebSocket to a real gateway app on the harness's Redis prefix."""
+def ws(harness: Harness, internal_token: str, tmp_path: Path) -> Iterator[WsClient]:
+    """The harness user's WebSocket to a real gateway (uvicorn on a real port) on the
+    harness's Redis prefix; not Starlette's in-process client, whose portal could cancel the
+    app's relay in teardown."""
     settings = GatewaySettings(
         redis_url=harness.runtime.settings.redis_url,
         redis_prefix=harness.runtime.keys.prefix,
@@ -56,30 +57,23 @@ def ws(harness: Harness, internal_token: str, tmp_path: Path) -> Iterator[WebSoc
         internal_token=internal_token,
         workspaces_root=tmp_path,
     )
-    with (
-        TestClient(create_app(settings)) as client,
-        client.websocket_connect(
-            "/ws", headers={"Authorization": f"Bearer {harness.token}"}
-        ) as socket,
-    ):
-        yield socket
-
-
-def request(socket: WebSocketTestSession, frame: dict[str, Any]) -> dict[str, Any]:
-    """Send ``frame`` and return the reply that carries its ``req``."""
-    req = uuid.uuid4().hex[:8]
-    socket.send_json({**frame, "req": req})
-    while True:
-        reply: dict[str, Any] = socket.receive_json()
-        if reply.get("req") == req:
-            return reply
+    gateway = LiveGateway(settings)
+    gateway.start()
+    try:
+        client = WsClient(gateway.url, harness.token)
+        try:
+            yield client
+        finally:
+            client.close()
+    finally:
+        gateway.stop()
 
 
 # -- confirm: allow, deny, expired -------------------------------------------------------
 
 
 def test_confirm_then_allow_over_the_websocket_runs_the_call(
-    harness: Harness, ws: WebSocketTestSession
+    harness: Harness, ws: WsClient
 ) -> None:
     h = harness
     h.catalogue(spec("run_python", mode="confirm"))
@@ -92,7 +86,7 @@ def test_confirm_then_allow_over_the_websocket_runs_the_call(
     assert asked["expires_at"].endswith("Z")
     assert h.dispatcher.sent == []
 
-    reply = request(ws, {"type": "decide_tool", "call_id": asked["call_id"], "decision": "allow"})
+    reply = ws.request({"type": "decide_tool", "call_id": asked["call_id"], "decision": "allow"})
     assert reply["type"] == "ack"
     assert h.run(turn_id) == "completed"
 
@@ -102,7 +96,7 @@ def test_confirm_then_allow_over_the_websocket_runs_the_call(
 
 
 def test_confirm_then_deny_ends_the_call_denied_and_the_turn_goes_on(
-    harness: Harness, ws: WebSocketTestSession
+    harness: Harness, ws: WsClient
 ) -> None:
     h = harness
     h.catalogue(spec("run_python", mode="confirm"))
@@ -111,7 +105,7 @@ def test_confirm_then_deny_ends_the_call_denied_and_the_turn_goes_on(
     assert h.run(turn_id) == "parked"
     [asked] = h.data("tool_call_needs_decision")
 
-    reply = request(ws, {"type": "decide_tool", "call_id": asked["call_id"], "decision": "deny"})
+    reply = ws.request({"type": "decide_tool", "call_id": asked["call_id"], "decision": "deny"})
     assert reply["type"] == "ack"
     assert h.run(turn_id) == "completed"
 
@@ -218,9 +212,7 @@ def test_the_policy_denies_by_pattern_and_allows_by_pattern(harness: Harness) ->
 # -- ask_user ----------------------------------------------------------------------------
 
 
-def test_ask_user_parks_until_the_answer_and_returns_it(
-    harness: Harness, ws: WebSocketTestSession
-) -> None:
+def test_ask_user_parks_until_the_answer_and_returns_it(harness: Harness, ws: WsClient) -> None:
     h = harness
     h.model.steps = [
         say("Let me ask.", use("ask_user", question="Tabs or spaces?", options=["tabs", "spaces"])),
@@ -233,11 +225,9 @@ def test_ask_user_parks_until_the_answer_and_returns_it(
     assert question["text"] == "Tabs or spaces?" and question["options"] == ["tabs", "spaces"]
     assert {t.name for t in h.model.requests[0].tools} >= {"ask_user", "spawn_agent"}
 
-    reply = request(
-        ws, {"type": "answer", "question_id": question["question_id"], "text": "spaces"}
-    )
+    reply = ws.request({"type": "answer", "question_id": question["question_id"], "text": "spaces"})
     assert reply["type"] == "ack"
-    again = request(ws, {"type": "answer", "question_id": question["question_id"], "text": "tabs"})
+    again = ws.request({"type": "answer", "question_id": question["question_id"], "text": "tabs"})
     assert (again["type"], again["code"]) == ("error", "conflict")
     assert h.data("question_answered") == [{"question_id": question["question_id"]}]
     assert h.run(turn_id) == "completed"
@@ -268,7 +258,7 @@ EDITOR_TOOL = {
 
 
 def test_a_client_tool_answered_with_its_token_resumes_the_turn(
-    harness: Harness, ws: WebSocketTestSession
+    harness: Harness, ws: WsClient
 ) -> None:
     h = harness
     h.model.steps = [say("Checking.", use("editor_selection")), say("You selected foo().")]
@@ -283,10 +273,10 @@ def test_a_client_tool_answered_with_its_token_resumes_the_turn(
     assert call.token_hash == hash_token(token) and token not in json.dumps(call.input)
 
     frame = {"type": "tool_result", "call_id": call_id, "output": "foo()", "is_error": False}
-    wrong = request(ws, {**frame, "token": token + "x"})
+    wrong = ws.request({**frame, "token": token + "x"})
     assert (wrong["type"], wrong["code"]) == ("error", "not_found")
-    assert request(ws, {**frame, "token": token})["type"] == "ack"
-    reused = request(ws, {**frame, "token": token})
+    assert ws.request({**frame, "token": token})["type"] == "ack"
+    reused = ws.request({**frame, "token": token})
     assert (reused["type"], reused["code"]) == ("error", "not_found")
 
     assert h.run(turn_id) == "completed"
