@@ -10,7 +10,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-_WORKSPACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+# Public so HTTP routes can type a path parameter with it (a 422 before any code runs).
+WORKSPACE_NAME_MAX_CHARS = 100
+WORKSPACE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
+_WORKSPACE_NAME = re.compile(WORKSPACE_NAME_PATTERN)
 
 
 class PathOutsideWorkspace(ValueError):

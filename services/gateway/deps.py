@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, HTTPException
+from fastapi import Depends, HTTPException, Path
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.requests import HTTPConnection
 
 from services.gateway.state import Gateway
 from shared.db import User
 from shared.db.users import user_for_token
+from shared.ids import ID_MAX_CHARS, ID_PATTERN
 
 _bearer = HTTPBearer(auto_error=False)
 
@@ -22,6 +23,18 @@ def get_gateway(connection: HTTPConnection) -> Gateway:
 
 
 GatewayDep = Annotated[Gateway, Depends(get_gateway)]
+
+# A path parameter naming an object (conversation, turn, tool call, proposal): refused with
+# 422 unless it has the form of an id, so no NUL, escape, '..' or over-long text ever
+# reaches a lookup or an upstream URL.
+IdPath = Annotated[
+    str,
+    Path(
+        pattern=ID_PATTERN,
+        max_length=ID_MAX_CHARS,
+        description="an id: letters, digits, '_' and '-', at most 40 (else 422)",
+    ),
+]
 
 
 async def user_from_token(gateway: Gateway, token: str) -> User | None:

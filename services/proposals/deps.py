@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Header, HTTPException, Request
+from fastapi import Depends, Header, HTTPException, Path, Request
 from starlette.status import HTTP_401_UNAUTHORIZED, HTTP_403_FORBIDDEN
 
 from services.proposals import decisions, proposals
@@ -12,6 +12,7 @@ from services.proposals.context import ServiceContext
 from shared.auth import same_secret
 from shared.db import Proposal, User
 from shared.db.users import user_for_token
+from shared.ids import ID_MAX_CHARS, ID_PATTERN, is_id
 
 
 def get_context(request: Request) -> ServiceContext:
@@ -46,7 +47,9 @@ def current_user(
     """The user of a bearer token, or the user another service acts for with the internal token."""
     with ctx.sessions() as session:
         if internal_token is not None:
-            if not same_secret(internal_token, ctx.settings.internal_token) or not acting_for:
+            if not same_secret(internal_token, ctx.settings.internal_token) or not (
+                acting_for and is_id(acting_for)
+            ):
                 raise _unauthorized("bad internal credentials")
             user = session.get(User, acting_for)
         elif authorization is not None and authorization.lower().startswith("bearer "):
@@ -61,7 +64,12 @@ def current_user(
 CurrentUser = Annotated[User, Depends(current_user)]
 
 
-def owned_proposal(ctx: Context, user: CurrentUser, proposal_id: str) -> Proposal:
+# A path parameter naming an object: refused (422) unless it has the form of an id, so no
+# NUL, escape or over-long text ever reaches a lookup.
+IdPath = Annotated[str, Path(pattern=ID_PATTERN, max_length=ID_MAX_CHARS)]
+
+
+def owned_proposal(ctx: Context, user: CurrentUser, proposal_id: IdPath) -> Proposal:
     """The proposal ``proposal_id`` if the caller owns it (else 404), expired if overdue."""
     return decisions.expire_if_stale(ctx, proposals.owned(ctx, user.id, proposal_id))
 

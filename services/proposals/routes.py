@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Path
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from services.proposals import decisions, proposals, workspaces
-from services.proposals.deps import Context, CurrentUser, OwnedProposal, require_internal
-from services.proposals.schemas import ApproveBody, CreateProposal, RejectBody
+from services.proposals.deps import Context, CurrentUser, IdPath, OwnedProposal, require_internal
+from services.proposals.schemas import CreateProposal
+from shared.proposals_api import (
+    ApproveBody,
+    ErrorDetail,
+    PendingProposals,
+    ProposalPublic,
+    ProposalRefusal,
+    RejectBody,
+    RejectedAll,
+    WorkspaceStatus,
+)
+from shared.workspace_paths import WORKSPACE_NAME_MAX_CHARS, WORKSPACE_NAME_PATTERN
 
 router = APIRouter()
 
@@ -39,50 +50,69 @@ def readyz(ctx: Context) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
-@router.post("/internal/proposals", status_code=201, dependencies=[Depends(require_internal)])
-def create_proposal(ctx: Context, body: CreateProposal) -> dict[str, Any]:
-    """A tool worker proposes file changes for a user's conversation."""
-    return proposals.proposal_json(proposals.create(ctx, body))
+# What the public routes answer besides 200: documented in the OpenAPI, as in docs/protocol.md.
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorDetail}}
+_DECISION: dict[int | str, dict[str, Any]] = {**_NOT_FOUND, 409: {"model": ProposalRefusal}}
+
+WorkspaceNamePath = Annotated[
+    str, Path(pattern=WORKSPACE_NAME_PATTERN, max_length=WORKSPACE_NAME_MAX_CHARS)
+]
+
+
+@router.post(
+    "/internal/proposals",
+    status_code=201,
+    dependencies=[Depends(require_internal)],
+    responses={404: {"model": ErrorDetail}, 409: {"model": ErrorDetail}},
+)
+def create_proposal(ctx: Context, body: CreateProposal) -> ProposalPublic:
+    """A tool worker proposes file changes for a user's conversation (404 unless theirs)."""
+    return proposals.proposal_public(proposals.create(ctx, body))
 
 
 @router.get("/api/proposals/pending")
-def list_pending(ctx: Context, user: CurrentUser) -> dict[str, Any]:
+def list_pending(ctx: Context, user: CurrentUser) -> PendingProposals:
     """My pending proposals, oldest first."""
-    return {"proposals": [proposals.proposal_json(p) for p in decisions.pending(ctx, user.id)]}
+    pending = decisions.pending(ctx, user.id)
+    return PendingProposals(proposals=[proposals.proposal_public(p) for p in pending])
 
 
 @router.delete("/api/proposals/all")
-def reject_all(ctx: Context, user: CurrentUser, body: RejectBody | None = None) -> dict[str, Any]:
+def reject_all(ctx: Context, user: CurrentUser, body: RejectBody | None = None) -> RejectedAll:
     """Reject every pending proposal of mine."""
     reason = body.reason if body else None
-    return {"rejected": decisions.reject_all(ctx, user.id, reason), "status": "rejected"}
+    return RejectedAll(rejected=decisions.reject_all(ctx, user.id, reason))
 
 
-@router.get("/api/proposals/{proposal_id}")
-def get_proposal(proposal: OwnedProposal) -> dict[str, Any]:
+@router.get("/api/proposals/{proposal_id}", responses=_NOT_FOUND)
+def get_proposal(proposal: OwnedProposal) -> ProposalPublic:
     """One of my proposals, each file with its diff."""
-    return proposals.proposal_json(proposal)
+    return proposals.proposal_public(proposal)
 
 
-@router.post("/api/proposals/{proposal_id}/approve")
+@router.post("/api/proposals/{proposal_id}/approve", responses=_DECISION)
 def approve(
     ctx: Context, user: CurrentUser, proposal: OwnedProposal, body: ApproveBody | None = None
-) -> dict[str, Any]:
+) -> ProposalPublic:
     """Apply one of my proposals, or only ``files`` of it (409 with the current diff if stale)."""
     paths = body.files if body else None
-    return proposals.proposal_json(decisions.approve(ctx, proposal, user.id, paths))
+    return proposals.proposal_public(decisions.approve(ctx, proposal, user.id, paths))
 
 
-@router.post("/api/proposals/{proposal_id}/reject")
+@router.post("/api/proposals/{proposal_id}/reject", responses=_DECISION)
 def reject(
     ctx: Context, user: CurrentUser, proposal: OwnedProposal, body: RejectBody | None = None
-) -> dict[str, Any]:
+) -> ProposalPublic:
     """Reject one of my proposals."""
     reason = body.reason if body else None
-    return proposals.proposal_json(decisions.reject(ctx, proposal, user.id, reason))
+    return proposals.proposal_public(decisions.reject(ctx, proposal, user.id, reason))
 
 
-@router.get("/internal/workspaces/{user_id}/{name}", dependencies=[Depends(require_internal)])
-def workspace_status(ctx: Context, user_id: str, name: str) -> dict[str, Any]:
+@router.get(
+    "/internal/workspaces/{user_id}/{name}",
+    dependencies=[Depends(require_internal)],
+    responses=_NOT_FOUND,
+)
+def workspace_status(ctx: Context, user_id: IdPath, name: WorkspaceNamePath) -> WorkspaceStatus:
     """Whether a user's workspace exists and, if it is a git repository, its branch and state."""
-    return workspaces.workspace_status(ctx, user_id, name)
+    return WorkspaceStatus.model_validate(workspaces.workspace_status(ctx, user_id, name))

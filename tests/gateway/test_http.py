@@ -1,4 +1,4 @@
-"""HTTP routes: health, auth, conversations, workspaces, the proposals pass-through, the UI."""
+"""HTTP routes: health, auth, conversations, workspaces, the proposals routes, the UI."""
 
 from __future__ import annotations
 
@@ -112,6 +112,25 @@ def test_web_ui_is_served(gateway: LiveGateway) -> None:
 # -- the proposals service, stood in for by a small app that records what it is sent --------
 
 
+def _proposal(proposal_id: str, status: str) -> dict[str, Any]:
+    return {
+        "proposal_id": proposal_id,
+        "conversation_id": "conv_1",
+        "turn_id": None,
+        "call_id": None,
+        "workspace": "default",
+        "summary": "stub",
+        "created_at": "2026-01-01T00:00:00.000Z",
+        "status": status,
+        "version": 2,
+        "decided_at": "2026-01-01T00:00:01.000Z",
+        "decided_by": "user_1",
+        "reason": None,
+        "parent_id": None,
+        "files": [],
+    }
+
+
 @pytest.fixture
 def proposals_stub() -> Iterator[tuple[ServerThread, list[dict[str, Any]]]]:
     seen: list[dict[str, Any]] = []
@@ -128,13 +147,19 @@ def proposals_stub() -> Iterator[tuple[ServerThread, list[dict[str, Any]]]]:
                 "user": request.headers.get("x-signalbox-user"),
             }
         )
-        proposal_id = request.path_params.get("pid", "")
+        if request.url.path == "/api/proposals/pending":
+            return JSONResponse({"proposals": []})
+        if request.url.path == "/api/proposals/all":
+            return JSONResponse({"rejected": ["p9"], "status": "rejected"})
+        proposal_id = request.path_params.get("pid") or request.path_params.get("rest", "")
         if proposal_id == "stale":
             return JSONResponse({"detail": "file changed since it was proposed"}, 409)
         if proposal_id == "missing":
             return JSONResponse({"detail": "not found"}, 404)
+        if proposal_id == "odd":  # not a proposal's shape: the service is broken
+            return JSONResponse({"proposal_id": proposal_id}, 200)
         status = "rejected" if request.url.path.endswith("/reject") else "applied"
-        return JSONResponse({"proposal_id": proposal_id, "status": status}, 200)
+        return JSONResponse(_proposal(proposal_id, status), 200)
 
     app = Starlette(
         routes=[
@@ -148,7 +173,7 @@ def proposals_stub() -> Iterator[tuple[ServerThread, list[dict[str, Any]]]]:
     server.stop()
 
 
-def test_proposals_routes_are_passed_through_acting_for_the_user(
+def test_proposals_routes_call_the_service_acting_for_the_user(
     start_gateway: Callable[..., LiveGateway],
     make_user: Users,
     internal_token: str,
@@ -160,18 +185,32 @@ def test_proposals_routes_are_passed_through_acting_for_the_user(
     with httpx.Client(base_url=gateway.url, headers=bearer(token)) as http:
         pending = http.get("/api/proposals/pending", params={"limit": "5"})
         rejected = http.post("/api/proposals/p1/reject", json={"reason": "no"})
+        partial = http.post("/api/proposals/p2/approve", json={"files": ["a.txt"]})
         stale = http.post("/api/proposals/stale/approve")
+        missing = http.get("/api/proposals/missing")
+        everything = http.request("DELETE", "/api/proposals/all")
+        odd = http.get("/api/proposals/odd")
         assert http.get("/api/proposals/pending", headers=bearer("x")).status_code == 401
-    assert pending.status_code == 200
-    assert rejected.json() == {"proposal_id": "p1", "status": "rejected"}
+    assert pending.json() == {"proposals": []}
+    assert rejected.json() == _proposal("p1", "rejected")
+    assert partial.json() == _proposal("p2", "applied")
     assert stale.status_code == 409
     assert stale.json() == {"detail": "file changed since it was proposed"}
+    assert (missing.status_code, missing.json()) == (404, {"detail": "not found"})
+    assert everything.json() == {"rejected": ["p9"], "status": "rejected"}
+    assert (odd.status_code, odd.json()["code"]) == (503, "unavailable")
+    # Only the paths the routes build, never the client's query string or text.
     assert [(s["method"], s["path"], s["query"]) for s in seen] == [
-        ("GET", "/api/proposals/pending", "limit=5"),
+        ("GET", "/api/proposals/pending", ""),
         ("POST", "/api/proposals/p1/reject", ""),
+        ("POST", "/api/proposals/p2/approve", ""),
         ("POST", "/api/proposals/stale/approve", ""),
+        ("GET", "/api/proposals/missing", ""),
+        ("DELETE", "/api/proposals/all", ""),
+        ("GET", "/api/proposals/odd", ""),
     ]
     assert json.loads(seen[1]["body"]) == {"reason": "no"}
+    assert json.loads(seen[2]["body"]) == {"files": ["a.txt"]}
     assert all(s["internal"] == internal_token and s["user"] == user_id for s in seen)
 
 

@@ -185,7 +185,7 @@ def test_another_users_proposal_is_not_found(
         assert client.post(f"/api/proposals/{pid}/reject", headers=headers).status_code == 404
         assert client.get("/api/proposals/nope", headers=headers).status_code == 404
     assert not (owner.workspace / "s.txt").exists()
-    # The owner, through the gateway's pass-through credentials, still sees it pending.
+    # The owner, with the credentials the gateway acts for users with, still sees it pending.
     via_gateway = {"X-Signalbox-Internal-Token": internal_token, "X-Signalbox-User": owner.user_id}
     assert client.get(f"/api/proposals/{pid}", headers=via_gateway).json()["status"] == "pending"
 
@@ -244,7 +244,7 @@ def test_create_refuses_bad_input(
             "files": [{"path": "o.txt", "operation": "create", "after": "o"}],
         },
     )
-    assert response.status_code == 422
+    assert response.status_code == 404
     assert client.get("/api/proposals/pending", headers=owner.auth).json()["proposals"] == []
 
 

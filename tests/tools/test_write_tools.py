@@ -126,7 +126,7 @@ def test_a_write_through_an_inside_symlink_targets_the_real_file(
 
 
 def test_a_refusal_by_the_proposals_service_is_an_error_for_the_model(tool_env: ToolEnv) -> None:
-    # A conversation of nobody: the service answers 422 and the model reads why.
+    # A conversation of nobody: the service answers 404 and the model reads why.
     request = tool_env.request("write_file", path="x.txt", content="x")
     context = dataclasses.replace(tool_env.context(request.call_id), conversation_id="conv_nobody")
     result = execute(request, context, tool_env.registry)

@@ -1,0 +1,121 @@
+"""The HTTP shapes of the proposals service that the gateway serves or reads.
+
+The public routes (docs/protocol.md, "HTTP, proposals service") are served by both: the
+proposals service answers with these models, and the gateway, which serves the same routes
+to clients, checks requests and answers against them. One definition for both, so the two
+OpenAPI documents cannot drift and every limit is enforced at the first door.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.events import FileOperation, ProposalStatus
+from shared.protocol import MAX_REASON_CHARS as MAX_REASON_CHARS  # one limit for WS and HTTP
+from shared.protocol import NO_NUL
+
+MAX_FILES = 200  # one proposal is one reviewable change; more is a mistake, not a use case
+MAX_PATH_CHARS = 4096  # PATH_MAX on Linux
+
+FilePath = Annotated[str, Field(max_length=MAX_PATH_CHARS, pattern=NO_NUL)]
+Reason = Annotated[str, Field(max_length=MAX_REASON_CHARS, pattern=NO_NUL)]
+
+
+class ApproveBody(BaseModel):
+    """``POST /api/proposals/{id}/approve``: ``files`` (paths) applies only those, else all."""
+
+    files: list[FilePath] | None = Field(default=None, max_length=MAX_FILES)
+
+
+class RejectBody(BaseModel):
+    """``POST /api/proposals/{id}/reject`` and ``DELETE /api/proposals/all``."""
+
+    reason: Reason | None = None
+
+
+class ProposalFilePublic(BaseModel):
+    """One file of a proposal, with the unified diff from ``before`` to ``after``."""
+
+    path: str
+    operation: FileOperation
+    before: str | None
+    after: str | None
+    before_sha256: str | None
+    diff: str
+
+
+class ProposalPublic(BaseModel):
+    """A proposal as clients see it."""
+
+    proposal_id: str
+    conversation_id: str
+    turn_id: str | None
+    call_id: str | None
+    workspace: str
+    summary: str
+    created_at: str | None
+    status: ProposalStatus
+    version: int
+    decided_at: str | None
+    decided_by: str | None
+    reason: str | None
+    parent_id: str | None
+    files: list[ProposalFilePublic]
+
+
+class PendingProposals(BaseModel):
+    """``GET /api/proposals/pending``: my pending proposals, oldest first."""
+
+    proposals: list[ProposalPublic]
+
+
+class RejectedAll(BaseModel):
+    """``DELETE /api/proposals/all``: the ids this call rejected."""
+
+    rejected: list[str]
+    status: Literal["rejected"] = "rejected"
+
+
+class ErrorDetail(BaseModel):
+    """A refusal: why, in words."""
+
+    detail: str
+
+
+class CurrentFile(BaseModel):
+    """A file of a refused approval as it is on disk now (``changed``, or ``refused``: why)."""
+
+    path: str
+    operation: FileOperation
+    current_sha256: str | None
+    changed: bool | None = None
+    refused: str | None = None
+    diff: str
+
+
+class ProposalRefusal(BaseModel):
+    """The 409 of a decision: the proposal's status, and for ``conflict`` its files now."""
+
+    model_config = ConfigDict(extra="allow")  # a refusal may say more than these
+
+    detail: str
+    proposal_id: str | None = None
+    status: str | None = None
+    files: list[CurrentFile] | None = None
+
+
+class GitState(BaseModel):
+    """A workspace's git branch (null when detached) and whether its tree is dirty."""
+
+    branch: str | None
+    dirty: bool
+
+
+class WorkspaceStatus(BaseModel):
+    """``GET /internal/workspaces/{user_id}/{name}``, which the gateway reads for its listing."""
+
+    name: str
+    path_exists: bool
+    git: GitState | None

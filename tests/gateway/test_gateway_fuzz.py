@@ -1,0 +1,59 @@
+"""schemathesis against the gateway's own OpenAPI, on a real server in front of the real
+proposals service: whatever a signed-in user (or anyone) sends, never a 5xx."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+from sqlalchemy.orm import Session, sessionmaker
+
+from tests.gateway.conftest import LiveGateway, ServerThread, add_call, bearer
+from tests.openapi_fuzz import fuzz_every_operation
+
+Users = Callable[[], tuple[str, str]]
+
+
+def test_no_input_makes_the_gateway_fail(
+    gw: LiveGateway,
+    proposals: ServerThread,
+    make_user: Users,
+    db_sessions: sessionmaker[Session],
+    internal_token: str,
+) -> None:
+    user_id, token = make_user()
+    _, other = make_user()
+    with httpx.Client(base_url=gw.url, headers=bearer(token), timeout=10.0) as http:
+        conversation_id = http.post("/api/conversations", json={}).json()["conversation_id"]
+        turn = http.post(f"/api/conversations/{conversation_id}/turns", json={"text": "hi"})
+        turn_id = turn.json()["turn_id"]
+    call_id = add_call(db_sessions, turn_id, conversation_id)
+    created = httpx.post(
+        f"{proposals.url}/internal/proposals",
+        headers={"X-Signalbox-Internal-Token": internal_token},
+        json={
+            "user_id": user_id,
+            "conversation_id": conversation_id,
+            "files": [{"path": "a.txt", "operation": "create", "after": "A\n"}],
+        },
+    )
+    assert created.status_code == 201, created.text
+    checked = fuzz_every_operation(
+        f"{gw.url}/openapi.json",
+        credentials=[bearer(token), bearer(other), {}],
+        known={
+            "conversation_id": [conversation_id, "conv_nope"],
+            "turn_id": [turn_id, "turn_nope"],
+            "call_id": [call_id, "call_nope"],
+            "proposal_id": [created.json()["proposal_id"], "prop_nope"],
+        },
+        # A live event stream of a real conversation never ends: generated ids only.
+        skip_known=frozenset({"GET /api/conversations/{conversation_id}/stream"}),
+    )
+    for operation in (
+        "POST /api/conversations/{conversation_id}/turns",
+        "POST /api/proposals/{proposal_id}/approve",
+        "DELETE /api/proposals/all",
+        "POST /api/workspaces",
+    ):
+        assert operation in checked

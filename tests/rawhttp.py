@@ -1,0 +1,87 @@
+"""Bare-socket HTTP/1.1: the request target goes out byte for byte, as an attacker writes it.
+
+A client library normalises what it is given (dot segments, percent-escapes, control
+characters refused before sending); the attack tests need exactly their bytes on the wire,
+and need to tell an answer from a connection the server dropped without one.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+TIMEOUT_S = 10.0
+
+
+class ConnectionDropped(AssertionError):
+    """The server closed the connection without a complete answer."""
+
+
+@dataclass
+class RawResponse:
+    """Status, lower-cased headers and body of one answer."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def _dechunk(data: bytes) -> bytes:
+    out = b""
+    while True:
+        size_line, _, data = data.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            return out
+        out, data = out + data[:size], data[size + 2 :]
+
+
+def send(
+    base_url: str,
+    method: str,
+    target: str | bytes,
+    headers: Mapping[str, str] | None = None,
+    body: bytes | None = None,
+    timeout_s: float = TIMEOUT_S,
+) -> RawResponse:
+    """One request on a fresh connection (``Connection: close``), read to the server's close."""
+    url = urlsplit(base_url)
+    host, port = url.hostname or "127.0.0.1", url.port or 80
+    raw_target = target.encode("latin-1") if isinstance(target, str) else target
+    lines = [method.encode() + b" " + raw_target + b" HTTP/1.1", f"Host: {host}:{port}".encode()]
+    lines += [f"{k}: {v}".encode() for k, v in (headers or {}).items()]
+    if body is not None:
+        lines.append(f"Content-Length: {len(body)}".encode())
+    lines.append(b"Connection: close")
+    with socket.create_connection((host, port), timeout=timeout_s) as sock:
+        sock.sendall(b"\r\n".join(lines) + b"\r\n\r\n" + (body or b""))
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except ConnectionResetError:
+            pass  # what was received before the reset still counts; nothing means dropped
+    head, sep, payload = received.partition(b"\r\n\r\n")
+    if not sep:
+        raise ConnectionDropped(f"{method} {raw_target!r}: closed after {received[:200]!r}")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    found = {}
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        found[name.strip().lower()] = value.strip()
+    if found.get("transfer-encoding") == "chunked":
+        payload = _dechunk(payload)
+    elif "content-length" in found and len(payload) < int(found["content-length"]):
+        raise ConnectionDropped(f"{method} {raw_target!r}: body cut short")
+    return RawResponse(int(status_line.split(" ")[1]), found, payload)
