@@ -4,6 +4,11 @@ Every file is checked first (confinement and compare-and-swap on its SHA-256) so
 proposal writes nothing. Each write goes to a temp file in the same directory, is fsynced
 and renamed over the target; if a later file fails, the files already changed are restored.
 
+Every read, write, rename and unlink goes through directory fds walked with ``O_NOFOLLOW``
+(``workspace_files.py``), opened once for the check and kept for the writes and any undo:
+an agent swapping a directory for a symlink mid-apply gets a ``PathRefused`` (409, the
+proposal becomes ``conflict``, nothing written), never a write outside its workspace.
+
 A process killed half-way through leaves every file whole (old or new) but the set mixed,
 while SQL still says pending. So a decision journals the old state first (``journal.py``)
 and whoever next holds the proposal's lock rolls the files back (``roll_back``): the
@@ -16,37 +21,48 @@ is not written again.
 from __future__ import annotations
 
 import contextlib
-import glob
 import hashlib
 import logging
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.proposals import faults, journal
-from services.proposals.journal import (
-    TEMP_PREFIX,
-    Journal,
-    JournalError,
-    PlannedFile,
-    fsync_dir,
+from services.proposals import journal
+from services.proposals.journal import TEMP_PREFIX, Journal, JournalError, PlannedFile
+from services.proposals.workspace_files import (
+    ApplyError,
+    Parts,
+    PathRefused,
+    Target,
+    Tree,
+    delete_file,
+    locate,
+    read,
+    read_current,
+    resolve,
+    write_atomic,
 )
 from shared.events import FileOperation
-from shared.workspace_paths import PathOutsideWorkspace, resolve_in_workspace
+
+__all__ = [
+    "Applied",
+    "ApplyError",
+    "FileChange",
+    "JournalSpec",
+    "PathRefused",
+    "StaleFile",
+    "StaleFiles",
+    "Target",
+    "apply_changes",
+    "decode_text",
+    "read_current",
+    "resolve",
+    "roll_back",
+    "sha256_bytes",
+    "write_atomic",
+]
 
 log = logging.getLogger(__name__)
-# Git runs hooks and fsmonitor commands named in .git/config: an agent must never write there.
-FORBIDDEN_COMPONENTS = frozenset({".git"})
-
-
-class ApplyError(Exception):
-    """A proposal could not be applied; nothing in the workspace was changed."""
-
-
-class PathRefused(ApplyError):
-    """A file's path leaves the workspace (``..``, absolute, or through a symlink)."""
 
 
 @dataclass(frozen=True)
@@ -87,32 +103,6 @@ def decode_text(data: bytes | None) -> str | None:
     return None if data is None else data.decode("utf-8", errors="replace")
 
 
-def resolve(workspace: Path, relative: str) -> Path:
-    """The target path of ``relative``, refused if it leaves ``workspace``."""
-    try:
-        target = resolve_in_workspace(workspace, relative)
-    except PathOutsideWorkspace as exc:
-        raise PathRefused(str(exc)) from None
-    if target == workspace.resolve():
-        raise PathRefused(f"expected a file path, got the workspace itself: {relative!r}")
-    inside = target.relative_to(workspace.resolve())
-    if any(part.lower() in FORBIDDEN_COMPONENTS for part in inside.parts):
-        raise PathRefused(f"expected a path outside .git, got {relative!r}")
-    return target
-
-
-def read_bytes(target: Path) -> bytes | None:
-    """The file's bytes, or None if it does not exist; a directory is refused."""
-    if target.is_dir():
-        raise PathRefused(f"expected a file, got a directory: {str(target)!r}")
-    try:
-        return target.read_bytes()
-    except FileNotFoundError:
-        return None
-    except NotADirectoryError:
-        raise PathRefused(f"a parent of {str(target)!r} is not a directory") from None
-
-
 def already_done(change: FileChange, current: bytes | None) -> bool:
     """True if the file is already as the change would leave it."""
     if change.operation == "delete":
@@ -120,51 +110,43 @@ def already_done(change: FileChange, current: bytes | None) -> bool:
     return current is not None and change.after is not None and current == change.after.encode()
 
 
-def find_stale(workspace: Path, changes: Sequence[FileChange]) -> list[StaleFile]:
-    """Files whose current state differs from what the proposal expects (create: absent)."""
+def _stale_reason(change: FileChange, current: bytes | None) -> str:
+    """Why ``change`` cannot apply to ``current`` (create: absent), or "" if it can."""
+    if already_done(change, current):
+        return ""
+    if change.operation == "create":
+        return "" if current is None else "file exists now"
+    if current is None:
+        return "file no longer exists"
+    if sha256_bytes(current) != change.before_sha256:
+        return "file changed since proposed"
+    return ""
+
+
+@dataclass(frozen=True)
+class _Found:
+    """A file as the check found it: where (None: a directory on its way is missing), bytes."""
+
+    change: FileChange
+    target: Target | None
+    current: bytes | None
+
+
+def _inspect(tree: Tree, changes: Sequence[FileChange]) -> list[_Found]:
+    """Every file read through the tree; ``StaleFiles``/``PathRefused`` before any write."""
+    found: list[_Found] = []
     stale: list[StaleFile] = []
     for change in changes:
-        current = read_bytes(resolve(workspace, change.path))
-        current_sha = None if current is None else sha256_bytes(current)
-        if already_done(change, current):
-            reason = ""
-        elif change.operation == "create":
-            reason = "" if current is None else "file exists now"
-        elif current is None:
-            reason = "file no longer exists"
-        elif current_sha != change.before_sha256:
-            reason = "file changed since proposed"
-        else:
-            reason = ""
+        target = tree.target(change.path)
+        current = None if target is None else read(target)
+        found.append(_Found(change, target, current))
+        reason = _stale_reason(change, current)
         if reason:
+            current_sha = None if current is None else sha256_bytes(current)
             stale.append(StaleFile(change.path, reason, decode_text(current), current_sha))
-    return stale
-
-
-def write_atomic(target: Path, data: bytes, prefix: str = TEMP_PREFIX) -> None:
-    """Replace ``target`` with ``data``: temp file, fsync, rename, fsync the directory."""
-    mode = target.stat().st_mode & 0o7777 if target.exists() else None
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=prefix)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        faults.crash_point(faults.CRASH_BEFORE_RENAME)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(target.parent)
-
-
-def delete_file(target: Path) -> None:
-    """Remove ``target`` durably."""
-    os.unlink(target)
-    fsync_dir(target.parent)
+    if stale:
+        raise StaleFiles(stale)
+    return found
 
 
 @dataclass(frozen=True)
@@ -178,10 +160,15 @@ class JournalSpec:
 
 @dataclass
 class Applied:
-    """What ``apply_changes`` did, so that it can be undone if recording it fails."""
+    """What ``apply_changes`` did, so that it can be undone if recording it fails.
 
-    previous: list[tuple[Path, bytes | None]] = field(default_factory=list)
-    created_dirs: list[Path] = field(default_factory=list)
+    It holds the tree's directory fds until ``finish`` or ``undo``: an undo restores the
+    files in the directories they were written in, even if their names were swapped since.
+    """
+
+    tree: Tree | None = None
+    previous: list[tuple[Target, bytes | None]] = field(default_factory=list)
+    created_dirs: list[Parts] = field(default_factory=list)
     journal: Journal | None = None
 
     @property
@@ -190,71 +177,68 @@ class Applied:
         return TEMP_PREFIX if self.journal is None else self.journal.temp_prefix
 
     def undo(self) -> None:
-        """Put every changed file back as it was, newest first; remove directories we made."""
-        for target, before in reversed(self.previous):
-            if before is None:
-                with contextlib.suppress(FileNotFoundError):
-                    delete_file(target)
-            else:
-                write_atomic(target, before, prefix=self.temp_prefix)
-        for directory in reversed(self.created_dirs):
-            with contextlib.suppress(OSError):  # not empty any more: someone else uses it
-                directory.rmdir()
-        self.previous.clear()
-        self.created_dirs.clear()
+        """Put every changed file back as it was, newest first; remove directories we made.
+
+        If this fails half-way the journal stays, and recovery finishes the job.
+        """
+        try:
+            for target, before in reversed(self.previous):
+                if before is None:
+                    with contextlib.suppress(FileNotFoundError):
+                        delete_file(target)
+                else:
+                    write_atomic(target, before, prefix=self.temp_prefix)
+            if self.tree is not None:
+                for directory in reversed(self.created_dirs):
+                    self.tree.remove_dir(directory)  # not empty any more: someone uses it
+            self.previous.clear()
+            self.created_dirs.clear()
+        finally:
+            self._close()
         self.finish()
 
     def finish(self) -> None:
         """The outcome is recorded (or undone): the journal is not needed any more."""
+        self._close()
         if self.journal is not None:
             self.journal.discard()
             self.journal = None
 
-
-def _missing_dirs(directory: Path) -> list[Path]:
-    """The directories ``mkdir`` would have to make for ``directory``, outermost first."""
-    missing: list[Path] = []
-    while not directory.exists():
-        missing.append(directory)
-        directory = directory.parent
-    return missing[::-1]
-
-
-def _make_parents(directory: Path, applied: Applied) -> None:
-    for d in _missing_dirs(directory):
-        d.mkdir()
-        applied.created_dirs.append(d)
+    def _close(self) -> None:
+        if self.tree is not None:
+            self.tree.close()
+            self.tree = None
 
 
 @dataclass(frozen=True)
 class _Step:
     change: FileChange
-    target: Path
+    target: Target | None  # None: its directory is made when the step runs
     before: bytes | None
     after: bytes | None  # None: delete
 
 
-def _plan(workspace: Path, changes: Sequence[FileChange]) -> tuple[list[_Step], list[Path]]:
+def _plan(tree: Tree, found: list[_Found]) -> tuple[list[_Step], list[Parts]]:
     """The writes still to do (files already as proposed are skipped) and dirs to make."""
     steps: list[_Step] = []
-    new_dirs: list[Path] = []
-    for change in changes:
-        target = resolve(workspace, change.path)
-        before = read_bytes(target)
-        if already_done(change, before):
+    new_dirs: list[Parts] = []
+    for f in found:
+        change = f.change
+        if already_done(change, f.current):
             continue
         after = None
         if change.operation != "delete":
             if change.after is None:
                 raise ApplyError(f"expected content for {change.operation} of {change.path!r}")
             after = change.after.encode("utf-8")
-            new_dirs += [d for d in _missing_dirs(target.parent) if d not in new_dirs]
-        steps.append(_Step(change, target, before, after))
+            if f.target is None:
+                new_dirs += [d for d in tree.missing_dirs(change.path) if d not in new_dirs]
+        steps.append(_Step(change, f.target, f.current, after))
     return steps, new_dirs
 
 
 def _begin_journal(
-    spec: JournalSpec, workspace: Path, steps: list[_Step], dirs: list[Path]
+    spec: JournalSpec, workspace: Path, steps: list[_Step], dirs: list[Parts]
 ) -> Journal:
     planned = [
         PlannedFile(
@@ -265,8 +249,7 @@ def _begin_journal(
         )
         for s in steps
     ]
-    base = workspace.resolve()
-    relative = [str(d.relative_to(base)) for d in dirs]
+    relative = ["/".join(d) for d in dirs]
     return journal.begin(spec.root, spec.proposal_id, spec.decided_id, workspace, planned, relative)
 
 
@@ -279,24 +262,24 @@ def apply_changes(
     so even a killed process can be rolled back (``roll_back``); the caller calls
     ``finish()`` once the outcome is committed, or ``undo()``.
     """
-    stale = find_stale(workspace, changes)
-    if stale:
-        raise StaleFiles(stale)
-    steps, new_dirs = _plan(workspace, changes)
-    applied = Applied()
-    if journal_spec is not None and steps:
-        applied.journal = _begin_journal(journal_spec, workspace, steps, new_dirs)
+    tree = Tree.open(workspace, create=True)
+    applied = Applied(tree=tree)  # owns the tree's fds from here on: undo or finish closes them
     try:
+        found = _inspect(tree, changes)
+        steps, new_dirs = _plan(tree, found)
+        if journal_spec is not None and steps:
+            applied.journal = _begin_journal(journal_spec, workspace, steps, new_dirs)
         for step in steps:
-            # Resolved again right before the write, so a symlink swapped in meanwhile is refused.
-            if resolve(workspace, step.change.path) != step.target:
-                raise PathRefused(f"{step.change.path!r} moved while it was being applied")
+            target = step.target
             if step.after is None:
-                delete_file(step.target)
+                assert target is not None  # a file to delete exists, so its directory does
+                delete_file(target)
             else:
-                _make_parents(step.target.parent, applied)
-                write_atomic(step.target, step.after, prefix=applied.temp_prefix)
-            applied.previous.append((step.target, step.before))
+                if target is None:
+                    target = tree.target(step.change.path, made=applied.created_dirs)
+                    assert target is not None  # made, or PathRefused
+                write_atomic(target, step.after, prefix=applied.temp_prefix)
+            applied.previous.append((target, step.before))
     except BaseException:
         applied.undo()
         raise
@@ -308,51 +291,58 @@ def roll_back(record: Journal, workspaces_root: Path) -> list[str]:
 
     Only a file still holding the apply's new content is restored: one already old is
     left, and one changed by someone else since the crash is left too (and logged), so a
-    human's later edit is never overwritten. Temp files of the apply are removed.
+    human's later edit is never overwritten. Temp files of the apply are removed. Like the
+    apply, it reaches every file through directory fds: a symlink on the way is refused.
     """
     root = workspaces_root.resolve()
     workspace = record.workspace.resolve()
     if root not in workspace.parents:
         raise JournalError(f"expected a workspace under {str(root)!r}, got {str(workspace)!r}")
+    try:
+        tree = Tree.open(workspace)
+    except (FileNotFoundError, PathRefused) as exc:
+        log.warning("journal %s: workspace not rolled back: %s", record.directory.name, exc)
+        return []
     restored: list[str] = []
-    for entry in reversed(record.files):
-        try:
-            target = resolve(workspace, entry.path)
-            current = read_bytes(target)
-        except PathRefused as exc:
-            log.warning("journal %s: not restoring %r: %s", record.directory.name, entry.path, exc)
-            continue
-        current_sha = None if current is None else sha256_bytes(current)
-        if current_sha == entry.old_sha256:
-            continue
-        if current_sha != entry.new_sha256:
-            log.warning(
-                "journal %s: %r changed since the apply stopped; left as it is",
-                record.directory.name,
-                entry.path,
-            )
-            continue
-        old = record.old_content(entry)
-        if old is None:
-            delete_file(target)
-        else:
-            _make_parents(target.parent, Applied())
-            write_atomic(target, old, prefix=record.temp_prefix)
-        restored.append(entry.path)
-    _remove_temps(record, workspace)
-    for relative in reversed(record.created_dirs):
-        with contextlib.suppress(OSError, PathRefused):  # not empty: something else lives there
-            resolve(workspace, relative).rmdir()
+    with tree:
+        for entry in reversed(record.files):
+            try:
+                if _restore(tree, record, entry):
+                    restored.append(entry.path)
+            except PathRefused as exc:
+                log.warning(
+                    "journal %s: not restoring %r: %s", record.directory.name, entry.path, exc
+                )
+        for entry in record.files:
+            tree.remove_temps(entry.path, record.temp_prefix)
+        for relative in reversed(record.created_dirs):
+            with contextlib.suppress(PathRefused):  # gone, or not a plain directory any more
+                parts, name = locate(tree.workspace, relative)
+                tree.remove_dir((*parts, name))
     return restored
 
 
-def _remove_temps(record: Journal, workspace: Path) -> None:
-    """Delete this apply's temp files: only in the directories of its files, by its prefix."""
-    directories: set[Path] = set()
-    for entry in record.files:
-        with contextlib.suppress(PathRefused):
-            directories.add(resolve(workspace, entry.path).parent)
-    for directory in directories:
-        for leftover in directory.glob(glob.escape(record.temp_prefix) + "*"):
-            with contextlib.suppress(FileNotFoundError):
-                leftover.unlink()
+def _restore(tree: Tree, record: Journal, entry: journal.JournalFile) -> bool:
+    """Put ``entry`` back to its old content if it still holds the new; True if it did."""
+    target = tree.target(entry.path)
+    current = None if target is None else read(target)
+    current_sha = None if current is None else sha256_bytes(current)
+    if current_sha == entry.old_sha256:
+        return False
+    if current_sha != entry.new_sha256:
+        log.warning(
+            "journal %s: %r changed since the apply stopped; left as it is",
+            record.directory.name,
+            entry.path,
+        )
+        return False
+    old = record.old_content(entry)
+    if old is None:
+        assert target is not None  # it holds the new content, so it exists
+        delete_file(target)
+    else:
+        if target is None:
+            target = tree.target(entry.path, made=[])
+            assert target is not None
+        write_atomic(target, old, prefix=record.temp_prefix)
+    return True

@@ -33,8 +33,7 @@ from services.proposals.apply import (
     PathRefused,
     StaleFiles,
     apply_changes,
-    read_bytes,
-    resolve,
+    read_current,
     sha256_bytes,
 )
 from services.proposals.context import ServiceContext
@@ -134,7 +133,7 @@ def current_files(ctx: ServiceContext, proposal: Proposal) -> list[dict[str, Any
     for f in proposal.files:
         entry: dict[str, Any] = {"path": f.path, "operation": f.operation}
         try:
-            data = read_bytes(resolve(workspace, f.path))
+            data = read_current(workspace, f.path)
         except PathRefused as exc:
             entry.update(refused=str(exc), current_sha256=None, diff="")
         else:
@@ -283,17 +282,19 @@ def approve(
             )
             outcome = "applied"
         except (StaleFiles, PathRefused) as exc:
+            # PathRefused includes a symlink met on the way (perhaps swapped in mid-apply):
+            # the apply wrote nothing outside, undid what it wrote inside, and says 409.
             applied, outcome, why = None, "conflict", str(exc)
-        if chosen is None:
-            session.execute(
-                update(Proposal)
-                .where(Proposal.id == proposal.id, Proposal.status == APPLYING)
-                .values(status=outcome, reason=why)
-            )
-            _record(session, proposal.id)
-        else:
-            _split(session, decided_id, locked, chosen, outcome, why, user_id)
         try:
+            if chosen is None:
+                session.execute(
+                    update(Proposal)
+                    .where(Proposal.id == proposal.id, Proposal.status == APPLYING)
+                    .values(status=outcome, reason=why)
+                )
+                _record(session, proposal.id)
+            else:
+                _split(session, decided_id, locked, chosen, outcome, why, user_id)
             session.commit()
         except BaseException:
             if applied is not None:

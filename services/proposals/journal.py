@@ -12,6 +12,10 @@ per-user directories, never inside a workspace, so an agent's tools cannot read 
 one (user ids are ``user_<hex>``, workspace names never start with a dot). One directory
 per apply: the backups ``old-<n>`` first, then ``journal.json``, each fsynced; a directory
 without ``journal.json`` is an apply that never got as far as touching the workspace.
+
+This module never touches a workspace itself: the roll-back (``apply.roll_back``) reaches
+the journalled files through directory fds with ``O_NOFOLLOW``, as the apply did, so a
+symlink the agent swapped in after a crash cannot turn a restore into a write elsewhere.
 """
 
 from __future__ import annotations

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from services.proposals import outbox
-from services.proposals.apply import PathRefused, read_bytes, resolve, sha256_bytes
+from services.proposals.apply import PathRefused, read_current, resolve, sha256_bytes
 from services.proposals.context import ServiceContext
 from services.proposals.diffs import unified_diff
 from services.proposals.errors import BadProposal, Conflict, NotFound
+from services.proposals.ownership import owned_conversation
 from services.proposals.schemas import CreateProposal
 from shared.db import Conversation, Outbox, Proposal, ProposalFile
 from shared.db.models import as_utc
 from shared.ids import new_id
+from shared.proposals_api import ProposalPublic
 
 
 def rfc3339(moment: datetime | None) -> str | None:
@@ -27,34 +28,36 @@ def rfc3339(moment: datetime | None) -> str | None:
     return as_utc(moment).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def proposal_json(proposal: Proposal) -> dict[str, Any]:
-    """A proposal as PROTOCOL.md shows it, each file with its unified diff."""
-    return {
-        "proposal_id": proposal.id,
-        "conversation_id": proposal.conversation_id,
-        "turn_id": proposal.turn_id,
-        "call_id": proposal.call_id,
-        "workspace": proposal.workspace,
-        "summary": proposal.summary,
-        "created_at": rfc3339(proposal.created_at),
-        "status": proposal.status,
-        "version": proposal.version,
-        "decided_at": rfc3339(proposal.decided_at),
-        "decided_by": proposal.decided_by,
-        "reason": proposal.reason,
-        "parent_id": proposal.parent_id,
-        "files": [
-            {
-                "path": f.path,
-                "operation": f.operation,
-                "before": f.before,
-                "after": f.after,
-                "before_sha256": f.before_sha256,
-                "diff": unified_diff(f.path, f.before, f.after),
-            }
-            for f in proposal.files
-        ],
-    }
+def proposal_public(proposal: Proposal) -> ProposalPublic:
+    """A proposal as clients see it (docs/protocol.md), each file with its unified diff."""
+    return ProposalPublic.model_validate(
+        {
+            "proposal_id": proposal.id,
+            "conversation_id": proposal.conversation_id,
+            "turn_id": proposal.turn_id,
+            "call_id": proposal.call_id,
+            "workspace": proposal.workspace,
+            "summary": proposal.summary,
+            "created_at": rfc3339(proposal.created_at),
+            "status": proposal.status,
+            "version": proposal.version,
+            "decided_at": rfc3339(proposal.decided_at),
+            "decided_by": proposal.decided_by,
+            "reason": proposal.reason,
+            "parent_id": proposal.parent_id,
+            "files": [
+                {
+                    "path": f.path,
+                    "operation": f.operation,
+                    "before": f.before,
+                    "after": f.after,
+                    "before_sha256": f.before_sha256,
+                    "diff": unified_diff(f.path, f.before, f.after),
+                }
+                for f in proposal.files
+            ],
+        }
+    )
 
 
 def load(session: Session, proposal_id: str) -> Proposal | None:
@@ -99,7 +102,7 @@ def _file_rows(
     for position, file in enumerate(request.files):
         try:
             target = resolve(workspace, file.path)
-            current = read_bytes(target)
+            current = read_current(workspace, file.path)  # through dir fds, O_NOFOLLOW
         except PathRefused as exc:
             raise BadProposal(str(exc)) from None
         if target in seen:
@@ -139,16 +142,9 @@ def _file_rows(
 def create(ctx: ServiceContext, request: CreateProposal) -> Proposal:
     """Store a new pending proposal and queue its ``proposal_created`` event."""
     with ctx.sessions() as session:
-        conv = session.get(Conversation, request.conversation_id)
-        if conv is None or conv.user_id != request.user_id:
-            raise BadProposal(
-                f"no conversation {request.conversation_id!r} of user {request.user_id!r}"
-            )
-        if request.workspace is not None and request.workspace != conv.workspace:
-            raise BadProposal(
-                f"expected workspace {conv.workspace!r} of the conversation, "
-                f"got {request.workspace!r}"
-            )
+        conv = owned_conversation(
+            session, request.user_id, request.conversation_id, request.workspace
+        )
         if request.call_id is not None:
             # A redelivered tool call gets the proposal it already made, not a second one.
             existing = session.scalars(

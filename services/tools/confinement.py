@@ -22,9 +22,9 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from services.tools.registry import ToolError
+from shared.safe_paths import DIR_FLAGS, SymlinkInPath, open_dir_at
 from shared.workspace_paths import PathOutsideWorkspace
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO someone left in the workspace must not hang the worker.
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -75,16 +75,9 @@ def confine(workspace: Path, path: str) -> Confined:
     return Confined(workspace=base, relative=PurePosixPath(*inside.parts), given=path)
 
 
-def _is_symlink(dir_fd: int, name: str) -> bool:
-    try:
-        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
-
-
 def _open_error(exc: OSError, where: Confined, dir_fd: int, name: str) -> Exception:
-    # With O_NOFOLLOW a symlink fails as ELOOP, or as ENOTDIR when O_DIRECTORY is also set.
-    if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and _is_symlink(dir_fd, name)):
+    # A file open meets a symlink as ELOOP; a directory walk (open_dir_at) names it SymlinkInPath.
+    if isinstance(exc, SymlinkInPath) or exc.errno == errno.ELOOP:
         return PathOutsideWorkspace(
             f"path is or passes through a symlink that cannot be followed safely: {where.given!r}"
         )
@@ -102,7 +95,7 @@ def _walk(where: Confined, parts: tuple[str, ...]) -> int:
     fd = os.open(where.workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     for part in parts:
         try:
-            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            nxt = open_dir_at(fd, part)
         except OSError as exc:
             error = _open_error(exc, where, fd, part)
             os.close(fd)
@@ -125,7 +118,7 @@ def open_directory(where: Confined) -> Iterator[int]:
 def open_subdirectory(parent_fd: int, name: str) -> int | None:
     """An fd of directory ``name`` in ``parent_fd``, or None if it is a symlink or not a dir."""
     try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        return os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     except OSError:
         return None
 

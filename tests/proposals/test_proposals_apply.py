@@ -62,7 +62,7 @@ def test_failure_midway_restores_what_was_written(
 ) -> None:
     real_write = apply.write_atomic
 
-    def failing_write(target: Path, data: bytes, **kwargs: str) -> None:
+    def failing_write(target: apply.Target, data: bytes, **kwargs: str) -> None:
         if target.name == "c.txt":
             raise OSError(28, "No space left on device")
         real_write(target, data, **kwargs)

@@ -175,7 +175,7 @@ def test_recovery_waits_for_an_apply_in_flight_instead_of_undoing_it(
     real_write = apply.write_atomic
     recovering: list[threading.Thread] = []
 
-    def write_then_recover(target: Path, data: bytes, **kwargs: str) -> None:
+    def write_then_recover(target: apply.Target, data: bytes, **kwargs: str) -> None:
         real_write(target, data, **kwargs)
         if not recovering:  # mid-apply, with its journal on disk and its row locked
             thread = threading.Thread(target=recovery.recover, args=(ctx,))

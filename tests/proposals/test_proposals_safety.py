@@ -113,10 +113,10 @@ def test_concurrent_decisions_have_exactly_one_effect(
     pid = propose(owner, [{"path": "race.txt", "operation": "create", "after": "won"}]).json()[
         "proposal_id"
     ]
-    writes: list[Path] = []
+    writes: list[apply.Target] = []
     real_write = apply.write_atomic
 
-    def counting_write(target: Path, data: bytes, **kwargs: str) -> None:
+    def counting_write(target: apply.Target, data: bytes, **kwargs: str) -> None:
         writes.append(target)
         real_write(target, data, **kwargs)
 
