@@ -21,3 +21,15 @@ pip_install() {
     fi
     rm -f "$log"
 }
+
+# Install Debian packages where this machine has apt-get and we may use it (root, or
+# passwordless sudo); quiet, and non-zero where it could not.
+apt_install() {
+    command -v apt-get >/dev/null || return 1
+    local sudo=""
+    if [ "$(id -u)" != 0 ]; then
+        { command -v sudo >/dev/null && sudo -n true 2>/dev/null; } || return 1
+        sudo="sudo -n"
+    fi
+    { $sudo apt-get update -qq && $sudo apt-get install -y -qq "$@"; } >/dev/null 2>&1
+}

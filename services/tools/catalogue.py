@@ -26,9 +26,15 @@ TEST_TOOLS_ENV = "SIGNALBOX_TEST_TOOLS"
 TTL_REFRESHES = 3  # a catalogue outlives two missed refreshes, not three
 
 
-def load_tools(environ: Mapping[str, str] = os.environ) -> Registry:
-    """Signalbox's own tools; the test-only tools only when ``SIGNALBOX_TEST_TOOLS=1``."""
-    registries = [workspace_tools.registry, sandbox.registry]
+def load_tools(environ: Mapping[str, str] = os.environ, with_sandbox: bool = True) -> Registry:
+    """Signalbox's own tools; the test-only tools only when ``SIGNALBOX_TEST_TOOLS=1``.
+
+    ``with_sandbox=False`` (``SIGNALBOX_SANDBOX=off``) leaves ``run_python`` out altogether:
+    where the sandbox cannot hold, the tool is not offered rather than run unconfined.
+    """
+    registries = [workspace_tools.registry]
+    if with_sandbox:
+        registries.append(sandbox.registry)
     if environ.get(TEST_TOOLS_ENV) == "1":
         from services.tools import test_tools
 
@@ -42,7 +48,8 @@ def worker_tools(settings: ToolsSettings, environ: Mapping[str, str] = os.enviro
     A deployment tool that does not load fails the worker's start (``ToolLoadError``); an MCP
     server that does not answer is logged and left out, so the other tools stay available.
     """
-    registries = [load_tools(environ), *plugins.deployment_registries(settings.tool_modules)]
+    own = load_tools(environ, with_sandbox=settings.sandbox == "on")
+    registries = [own, *plugins.deployment_registries(settings.tool_modules)]
     if settings.mcp_servers:
         from services.tools import mcp_tools  # the mcp SDK is only imported when configured
 

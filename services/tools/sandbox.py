@@ -1,47 +1,47 @@
-"""Running untrusted Python in a child that cannot outlive, outgrow or phone out of its call.
+"""run_python: untrusted Python in a bubblewrap sandbox, bounded as a whole by a cgroup of its own.
 
-What is enforced (docs/tools.md says the same for operators):
+Where each guarantee comes from (docs/tools.md says the same for operators):
 
-- Always: a new session and process group; ``python -I`` (no PYTHON* variables, no user
-  site); a scratch working directory, deleted afterwards; an environment of PATH/LANG/HOME
-  only, so no secret of the worker is inherited; rlimits on CPU seconds, address space,
-  file size and open files; output to anonymous files, of which only the first
-  ``sandbox_output_bytes`` are read; on exit or time-out every process of the run is killed.
-- Worker running as root: each run gets its own random uid/gid. Then RLIMIT_NPROC counts
-  the processes of that run alone, the worker's ``/proc/<pid>/environ`` is unreadable, and
-  "every process of the run" is every process of that uid, so ``setsid()`` cannot escape
-  the kill. A fresh network namespace (no interface but a down loopback) cuts the network.
-- Worker not running as root: the network is cut only where unprivileged user namespaces
-  are allowed (probed once; ``isolation().network`` says); RLIMIT_NPROC then counts every
-  process of the worker's user, so it is set to what that user runs now plus the limit;
-  the child runs as the worker's user, so it can read that user's files and signal its
-  processes (the worker's own ``/proc/<pid>/environ`` is protected by making the worker
-  non-dumpable, ``protect_worker``); processes that leave the process group survive.
+- ``bwrap.py``: what the run sees and who it is. Its own mount namespace holding the system's
+  read-only directories, the Python install and a private tmpfs scratch, nothing of the
+  deployment (database, logs, workspaces, repository); its own pid namespace with a fresh
+  ``/proc``, so no other process and no other environment is visible; no network (an
+  empty network namespace); a random uid/gid per run, no capabilities, ``no_new_privs``.
+- ``cgroups.py``: memory (no swap) and processes bounded for the run as a whole, and the
+  list of every process of the run, which is how the run is killed.
+- here: rlimits per process (CPU seconds; address space, so one big allocation is a
+  ``MemoryError`` rather than an OOM kill; file size; open files; processes of the run's
+  uid), the wall-clock limit, capped output, and on every exit: every process of the run
+  SIGKILLed and waited for, its cgroup removed.
+
+The worker refuses to consume ``tools.sandbox`` where this cannot hold (``unavailable``: not
+root, no working bwrap or setpriv, no memory cgroup). ``SIGNALBOX_SANDBOX=off`` is the only way
+past that, and it removes ``run_python`` from the worker's catalogue: code never runs
+unconfined.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import logging
 import os
 import resource
 import secrets
-import shutil
+import select
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from pydantic import BaseModel, Field
 
+from services.tools import bwrap, cgroups
 from services.tools.registry import Registry, ToolContext, ToolError
 from shared.celery_app import SANDBOX_QUEUE
 from shared.settings import ToolsSettings
@@ -50,24 +50,15 @@ log = logging.getLogger(__name__)
 
 registry = Registry()
 
-CLONE_NEWNET = 0x40000000
-CLONE_NEWUSER = 0x10000000
-PR_SET_CHILD_SUBREAPER = 36
-PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 SANDBOX_UID_BASE = 1_500_000_000  # far above any uid a distribution hands out
 SANDBOX_UID_SPAN = 1 << 24  # a random uid per run: concurrent runs never share one
-KILL_DEADLINE_S = 5.0  # the kernel tears a SIGKILLed group down in milliseconds
+BWRAP_PROCESSES = 2  # bwrap's monitor and its pid-1 init count against the run's pids.max
 WALL_MARGIN_S = 1.0  # the sandbox stops the code before the task's soft limit, to say why
 CODE_MAX_CHARS = 200_000
-SAFE_ENV = {
-    "PATH": "/usr/local/bin:/usr/bin:/bin",
-    "LANG": "C.UTF-8",
-    "LC_ALL": "C.UTF-8",
-    "PYTHONIOENCODING": "utf-8",
-    "PYTHONDONTWRITEBYTECODE": "1",
-}
-INTERPRETERS = ("/usr/local/bin/python3", "/usr/bin/python3")  # tried after sys.executable
+SIGNAL_EXIT_BASE = 128  # bwrap reports a program killed by signal N as exit status 128 + N
+TRIAL_CODE = "import os\nprint(os.getuid() != 0, sorted(os.listdir('/proc'))[:2])\n"
+TRIAL_OUTPUT = "True ['1', '2']\n"  # not root; only bwrap's init and itself are visible
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -99,16 +90,8 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class Isolation:
-    """What this host lets the sandbox enforce beyond rlimits (see the module docstring)."""
-
-    own_uid: bool  # each run as its own uid (the worker is root)
-    network: bool  # a fresh network namespace
-
-
-@dataclass(frozen=True)
 class Outcome:
-    """How one run ended, and what it printed (capped)."""
+    """How one run ended, what it printed (capped), and what the kernel counted."""
 
     exit_code: int | None  # None when a signal ended it
     signal: int | None
@@ -117,173 +100,49 @@ class Outcome:
     stderr: str
     stdout_bytes: int
     stderr_bytes: int
-    pgid: int
-    uid: int | None  # the run's own uid, when it had one
+    uid: int  # the run's own uid
+    cgroups: tuple[Path, ...]  # the run's cgroup directories (removed on return)
+    memory_peak_bytes: int | None  # of every process of the run together
+    oom_kills: int  # processes the kernel killed for the run's memory limit
+    survivors: tuple[int, ...]  # pids that outlived SIGKILL (always empty, or a bug)
     duration_ms: int
 
 
-def _unshare(flags: int) -> None:
-    if _libc.unshare(flags) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"unshare({flags:#x}) failed: {os.strerror(err)}")
+def protect_worker() -> None:
+    """Make this process's ``/proc/<pid>/environ`` (its secrets) unreadable to its own uid.
+
+    Sandboxed code cannot see the worker at all (its own pid namespace); this still keeps the
+    worker's secrets from anything else that runs as the worker's user, such as an MCP stdio
+    server. A non-dumpable process can be inspected only with CAP_SYS_PTRACE. Inherited.
+    """
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
-def _enter_user_namespace() -> None:
-    """Unprivileged: a user namespace mapping us to ourselves, so files stay ours."""
-    uid, gid = os.geteuid(), os.getegid()
-    _unshare(CLONE_NEWUSER | CLONE_NEWNET)
-    Path("/proc/self/setgroups").write_text("deny")
-    Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
-    Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
-
-
-def _probe(enter: Callable[[], None]) -> bool:
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the probe child
-        try:
-            enter()
-        except BaseException:
-            os._exit(1)
-        os._exit(0)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 0
-
-
-@functools.cache
-def isolation() -> Isolation:
-    """Probe once per process what this host enforces."""
-    if os.geteuid() == 0:
-        found = Isolation(own_uid=True, network=_probe(lambda: _unshare(CLONE_NEWNET)))
-    else:
-        found = Isolation(own_uid=False, network=_probe(_enter_user_namespace))
-    if not found.network:
-        log.warning("run_python: no network namespace here; the sandbox's network is NOT blocked")
-    if not found.own_uid:
-        log.warning("run_python: not root; sandboxed code runs as the worker's user")
-    return found
-
-
-def _others_can_run(path: Path) -> bool:
-    """True when a process of an unrelated uid can reach and execute ``path``."""
-    real = path.resolve()
-    if not real.is_file() or not real.stat().st_mode & stat.S_IXOTH:
-        return False
-    return all(p.stat().st_mode & stat.S_IXOTH for p in real.parents)
-
-
-@functools.cache
-def interpreter(own_uid: bool) -> str:
-    """The Python the sandbox runs; with its own uid it must be reachable by anyone."""
-    if not own_uid:
-        return sys.executable
-    for candidate in (sys.executable, *INTERPRETERS):
-        if _others_can_run(Path(candidate)):
-            return candidate
-    raise ToolError(
-        f"no Python interpreter that an unprivileged uid can run: tried {sys.executable!r} "
-        f"and {', '.join(INTERPRETERS)}"
-    )
-
-
-def _user_processes(uid: int) -> int:
-    return sum(1 for pid in _pids() if _status_uid(pid) == uid)
-
-
-def _preexec(limits: Limits, iso: Isolation, uid: int | None) -> Callable[[], None]:
-    """What the child does between fork and exec (limits first, identity last)."""
-    nproc = limits.processes if uid is not None else _user_processes(os.getuid()) + limits.processes
+def _preexec(limits: Limits, group: cgroups.RunCgroup) -> Callable[[], None]:
+    """What bwrap's process does before exec: join the run's cgroup, then take the rlimits."""
+    procs_files = group.procs_files  # computed before fork: the child only opens and writes
     rlimits = [
         (resource.RLIMIT_CPU, limits.cpu_s, limits.cpu_s + 1),  # SIGXCPU, then SIGKILL
         (resource.RLIMIT_AS, limits.memory_bytes, limits.memory_bytes),
         (resource.RLIMIT_FSIZE, limits.file_bytes, limits.file_bytes),
         (resource.RLIMIT_NOFILE, limits.open_files, limits.open_files),
-        (resource.RLIMIT_NPROC, nproc, nproc),
+        # Counts the run's uid only (root, bwrap itself, is exempt): so per run, like pids.max.
+        (resource.RLIMIT_NPROC, limits.processes, limits.processes),
         (resource.RLIMIT_CORE, 0, 0),
     ]
 
     def prepare() -> None:
+        # First: every process bwrap creates is then born inside the run's cgroup.
+        for path in procs_files:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
         for which, soft, hard in rlimits:
             resource.setrlimit(which, (soft, hard))
-        if iso.network and uid is not None:
-            _unshare(CLONE_NEWNET)
-        elif iso.network:
-            # The worker is non-dumpable (protect_worker), which makes /proc/self/uid_map
-            # root's; this child holds no secret once it execs, so it may be dumpable again.
-            _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
-            _enter_user_namespace()
-        if uid is not None:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-        # After setuid, which clears it: if the worker's process is killed at its hard time
-        # limit, the run's leader dies with it instead of running on unsupervised.
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
     return prepare
-
-
-def _pids() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
-
-
-def _status_uid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("Uid:"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _pgid_and_state(pid: int) -> tuple[int, str] | None:
-    try:
-        with open(f"/proc/{pid}/stat") as stat_file:
-            raw = stat_file.read()
-    except OSError:
-        return None
-    fields = raw[raw.rfind(")") + 2 :].split()  # the command name may hold spaces and ')'
-    return int(fields[2]), fields[0]
-
-
-def survivors(pgid: int, uid: int | None) -> tuple[list[int], list[int]]:
-    """Processes of a run still alive, and its zombies: by process group, and by uid if any."""
-    alive: list[int] = []
-    zombies: list[int] = []
-    for pid in _pids():
-        found = _pgid_and_state(pid)
-        if found is None:
-            continue
-        ours = found[0] == pgid or (uid is not None and _status_uid(pid) == uid)
-        if ours:
-            (zombies if found[1] in "ZX" else alive).append(pid)
-    return alive, zombies
-
-
-def _reap(pids: list[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
-
-
-def kill_run(pgid: int, uid: int | None) -> list[int]:
-    """SIGKILL every process of a run until none is left; the pids that would not die."""
-    deadline = time.monotonic() + KILL_DEADLINE_S
-    while True:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-        alive, zombies = survivors(pgid, uid)
-        for pid in alive:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        _reap([z for z in zombies if z != pgid])  # the leader is Popen's to wait for
-        if not alive:
-            return []
-        if time.monotonic() > deadline:
-            log.error("sandbox processes %s survived SIGKILL for %s s", alive, KILL_DEADLINE_S)
-            return alive
-        time.sleep(0.01)  # the kernel is tearing them down; nothing to wait on but /proc
 
 
 def _read_capped(handle: IO[bytes], limit: int) -> tuple[str, int]:
@@ -295,91 +154,147 @@ def _read_capped(handle: IO[bytes], limit: int) -> tuple[str, int]:
     return text, size
 
 
-def _remove_tree(path: Path) -> None:
-    def retry_writable(func: Callable[..., object], target: str, _exc: object) -> None:
-        # The code may have chmod-ed its own directories to 000; root ignores that, we do not.
-        with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(target), 0o700)
-            os.chmod(target, 0o700)
-        with contextlib.suppress(OSError):
-            func(target)
-
-    shutil.rmtree(path, onerror=retry_writable)
-
-
-def protect_worker() -> None:
-    """Make this process's ``/proc/<pid>/environ`` (its secrets) unreadable to its own uid.
-
-    A non-dumpable process can be inspected only with CAP_SYS_PTRACE, so sandboxed code that
-    runs as the worker's user (a non-root worker) cannot read it. Inherited across fork.
-    """
-    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-
-
-def _become_subreaper() -> None:
-    # Orphans of the run (its own children, once it died) are re-parented here, not to a
-    # container's PID 1 that may never reap them; kill_run reaps them.
-    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
-def run_sandboxed(code: str, limits: Limits, iso: Isolation | None = None) -> Outcome:
-    """Run ``code`` with ``python -I`` under ``limits``; every process of it is gone on return."""
-    iso = iso or isolation()
-    uid = SANDBOX_UID_BASE + secrets.randbelow(SANDBOX_UID_SPAN) if iso.own_uid else None
-    python = interpreter(iso.own_uid)
-    scratch = Path(tempfile.mkdtemp(prefix="signalbox-sandbox-"))
-    protect_worker()
-    _become_subreaper()
-    started = time.monotonic()
-    pgid = 0
+@contextlib.contextmanager
+def _program(code: str) -> Iterator[int]:
+    """An anonymous file holding ``code``, rewound: bwrap copies it into the sandbox."""
+    fd = os.memfd_create("signalbox-program", os.MFD_CLOEXEC)
     try:
-        (scratch / "main.py").write_text(code)
-        if uid is not None:
-            for path in (scratch, scratch / "main.py"):
-                os.chown(path, uid, uid)
-        env = {**SAFE_ENV, "HOME": str(scratch), "TMPDIR": str(scratch)}
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        os.write(fd, code.encode())
+        os.lseek(fd, 0, os.SEEK_SET)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _status(returncode: int) -> tuple[int | None, int | None]:
+    """(exit code, signal) from bwrap's status: 128 + N is signal N, as a shell reports it."""
+    if returncode < 0:  # bwrap itself was killed: by the time-out or a limit
+        return None, -returncode
+    if returncode > SIGNAL_EXIT_BASE and returncode - SIGNAL_EXIT_BASE < signal.NSIG:
+        return None, returncode - SIGNAL_EXIT_BASE
+    return returncode, None
+
+
+def _exited_within(process: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    """Block until ``process`` exits or ``timeout_s`` passes; True if it exited.
+
+    Through a pidfd, woken the moment it exits: ``Popen.wait(timeout)`` polls with sleeps
+    of up to 50 ms, which was most of a trivial run's latency.
+    """
+    pidfd = os.pidfd_open(process.pid)
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        return bool(poller.poll(max(0, int(timeout_s * 1000))))
+    finally:
+        os.close(pidfd)
+
+
+def run_sandboxed(code: str, limits: Limits, bwrap_program: str = "bwrap") -> Outcome:
+    """Run ``code`` confined under ``limits``; every process of it is gone on return."""
+    try:
+        argv0 = bwrap.find(bwrap_program)
+        python = bwrap.interpreter()
+        parents = cgroups.locate()
+    except (bwrap.BwrapUnavailable, cgroups.CgroupUnavailable) as exc:
+        raise ToolError(f"the sandbox cannot run on this worker: {exc}") from None
+    uid = SANDBOX_UID_BASE + secrets.randbelow(SANDBOX_UID_SPAN)
+    try:
+        group = cgroups.RunCgroup.create(
+            parents, limits.memory_bytes, limits.processes + BWRAP_PROCESSES
+        )
+    except OSError as exc:
+        raise ToolError(f"the sandbox could not create the run's cgroup: {exc}") from None
+    started = time.monotonic()
+    try:
+        with (
+            _program(code) as program_fd,
+            tempfile.TemporaryFile() as out,
+            tempfile.TemporaryFile() as err,
+        ):
+            argv = bwrap.command(argv0, python, program_fd, uid, limits.memory_bytes)
             try:
                 process = subprocess.Popen(
-                    [python, "-I", "main.py"],
-                    cwd=scratch,
-                    env=env,
+                    argv,
+                    env={},  # bwrap's init keeps its environment: give it none
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
+                    pass_fds=(program_fd,),
                     start_new_session=True,
-                    preexec_fn=_preexec(limits, iso, uid),
+                    preexec_fn=_preexec(limits, group),
                     close_fds=True,
                 )
             except (OSError, subprocess.SubprocessError) as exc:
-                raise ToolError(f"the sandbox could not start {python!r}: {exc}") from None
-            pgid = process.pid  # start_new_session: the child leads its own group
-            timed_out = False
+                raise ToolError(f"the sandbox could not start {argv0!r}: {exc}") from None
             try:
-                process.wait(timeout=limits.wall_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
+                timed_out = not _exited_within(process, limits.wall_s)
             finally:
-                # Also on a soft time limit raised inside wait(): nothing of the run survives.
-                kill_run(pgid, uid)
+                # Also on a soft time limit raised while waiting: nothing of the run survives.
+                survivors = group.kill()
                 process.wait()
+            usage = group.usage()
             stdout, stdout_bytes = _read_capped(out, limits.output_bytes)
             stderr, stderr_bytes = _read_capped(err, limits.output_bytes)
-        code_or_signal = process.returncode
     finally:
-        _remove_tree(scratch)
+        group.remove()
+    exit_code, killed_by = _status(process.returncode)
     return Outcome(
-        exit_code=code_or_signal if code_or_signal >= 0 else None,
-        signal=-code_or_signal if code_or_signal < 0 else None,
+        exit_code=exit_code,
+        signal=killed_by,
         timed_out=timed_out,
         stdout=stdout,
         stderr=stderr,
         stdout_bytes=stdout_bytes,
         stderr_bytes=stderr_bytes,
-        pgid=pgid,
         uid=uid,
+        cgroups=group.dirs,
+        memory_peak_bytes=usage.memory_peak_bytes,
+        oom_kills=usage.oom_kills,
+        survivors=tuple(survivors),
         duration_ms=int((time.monotonic() - started) * 1000),
     )
+
+
+def unavailable(bwrap_program: str = "bwrap") -> str | None:
+    """Why the sandbox cannot hold on this host, or None once a trial run proved it does."""
+    if os.geteuid() != 0:
+        return (
+            "the tools worker is not root: bubblewrap needs root here to build the namespaces "
+            "without a user namespace, to give each run its own uid, and to create its cgroup"
+        )
+    try:
+        bwrap.find(bwrap_program)
+        bwrap.setpriv()
+        bwrap.interpreter()
+        cgroups.locate()
+    except (bwrap.BwrapUnavailable, cgroups.CgroupUnavailable) as exc:
+        return str(exc)
+    trial = Limits(
+        cpu_s=5,
+        memory_bytes=128 * 1024 * 1024,
+        file_bytes=1024 * 1024,
+        open_files=32,
+        processes=4,
+        output_bytes=4096,
+        wall_s=10.0,
+    )
+    try:
+        outcome = run_sandboxed(TRIAL_CODE, trial, bwrap_program)
+    except (ToolError, OSError) as exc:
+        return f"a trial run could not start: {exc}"
+    if outcome.exit_code != 0 or outcome.stdout != TRIAL_OUTPUT:
+        said = (outcome.stderr or outcome.stdout).strip()[:500]
+        return f"a trial run did not confine as required (status {outcome.exit_code}): {said}"
+    return None
+
+
+NO_NETWORK_SIGNS = (
+    "Network is unreachable",
+    "Connection refused",  # its network namespace has a loopback and nothing listening on it
+    "Temporary failure in name resolution",
+    "Name or service not known",
+)
 
 
 def _why(outcome: Outcome, limits: Limits) -> str:
@@ -389,9 +304,13 @@ def _why(outcome: Outcome, limits: Limits) -> str:
             f"it ran longer than its wall-clock limit of {limits.wall_s:g} s and was killed "
             "with every process it started"
         )
-    if outcome.signal == signal.SIGXCPU or (
-        outcome.signal == signal.SIGKILL and "MemoryError" not in outcome.stderr
-    ):
+    if outcome.oom_kills:
+        return (
+            f"it used more than its memory limit of {limits.memory_bytes // (1024 * 1024)} MB "
+            f"(all its processes together); the kernel killed {outcome.oom_kills} of its "
+            "processes"
+        )
+    if outcome.signal in (signal.SIGXCPU, signal.SIGKILL):
         return f"it used more than its CPU time limit of {limits.cpu_s} s and was killed"
     if outcome.signal is not None:
         return f"it was killed by signal {signal.Signals(outcome.signal).name}"
@@ -400,11 +319,13 @@ def _why(outcome: Outcome, limits: Limits) -> str:
         hints.append(f"memory is limited to {limits.memory_bytes // (1024 * 1024)} MB")
     if "File too large" in outcome.stderr:
         hints.append(f"each file is limited to {limits.file_bytes // (1024 * 1024)} MB")
+    if "No space left on device" in outcome.stderr:
+        hints.append("the scratch directory is in memory and shares the memory limit")
     if "Too many open files" in outcome.stderr:
         hints.append(f"open files are limited to {limits.open_files}")
     if "Resource temporarily unavailable" in outcome.stderr or "BlockingIOError" in outcome.stderr:
         hints.append(f"processes are limited to {limits.processes}")
-    if "Network is unreachable" in outcome.stderr or "Errno 101" in outcome.stderr:
+    if any(sign in outcome.stderr for sign in NO_NETWORK_SIGNS):
         hints.append("the sandbox has no network")
     return f"it exited with status {outcome.exit_code}" + (
         f" ({'; '.join(hints)})" if hints else ""
@@ -430,8 +351,8 @@ class RunPythonInput(BaseModel):
 @registry.tool(
     name="run_python",
     description=(
-        "Run a Python 3 program in a sandbox: a scratch directory (deleted afterwards), no "
-        "network, limited CPU time, memory, file size and processes. Returns what it prints "
+        "Run a Python 3 program in a sandbox: a scratch directory (/tmp, deleted afterwards), "
+        "no network, limited CPU time, memory, file size and processes. Returns what it prints "
         "(stdout, then stderr). It cannot see the user's workspace; pass data in the code."
     ),
     timeout_s=30,
@@ -442,7 +363,18 @@ class RunPythonInput(BaseModel):
 def run_python(args: RunPythonInput, ctx: ToolContext) -> str:
     """Run ``args.code`` sandboxed; a failed run is a ``ToolError`` saying why."""
     limits = Limits.from_settings(ctx.settings, max(1.0, ctx.timeout_s - WALL_MARGIN_S))
-    outcome = run_sandboxed(args.code, limits)
-    if outcome.exit_code == 0 and not outcome.timed_out:
+    outcome = run_sandboxed(args.code, limits, ctx.settings.sandbox_bwrap)
+    if outcome.exit_code == 0 and not outcome.timed_out and not outcome.oom_kills:
         return render(outcome)
     raise ToolError(f"run_python failed: {_why(outcome, limits)}\n{render(outcome)}")
+
+
+def main() -> int:
+    """``python -m services.tools.sandbox``: say whether the sandbox holds here (0) or why not."""
+    reason = unavailable(os.environ.get("SIGNALBOX_SANDBOX_BWRAP", "bwrap"))
+    print(reason or "sandboxed (bubblewrap namespaces, a cgroup per run)")
+    return 1 if reason else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

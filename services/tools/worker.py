@@ -4,22 +4,30 @@ Prefork, because only that pool enforces the per-call time limits. The tools (bu
 the deployment's, MCP servers') are found once, here at import in the main process, so the
 pool's children inherit them. The main process announces the tools of the queues it
 consumes when it is ready and withdraws them when it stops.
+
+A worker that consumes ``tools.sandbox`` first proves the sandbox holds on this host (a
+trial run under bubblewrap and a per-run cgroup) and exits with the reason if it does not,
+before the pool starts: ``run_python`` never runs unconfined. ``SIGNALBOX_SANDBOX=off`` is
+the explicit way out, and it removes ``run_python`` from what the worker serves.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import redis
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import worker_init, worker_ready, worker_shutdown
 
 from services.tools.catalogue import CatalogueRefresher, served, worker_tools
-from services.tools.sandbox import protect_worker
-from shared.celery_app import make_celery
+from services.tools.sandbox import protect_worker, unavailable
+from shared.celery_app import SANDBOX_QUEUE, make_celery
 from shared.redis_keys import RedisKeys
 from shared.settings import ToolsSettings, load
 
-protect_worker()  # before any secret is read: sandboxed code must not read our environ
+log = logging.getLogger(__name__)
+
+protect_worker()  # before any secret is read: no other process of our user may read our environ
 settings = load(ToolsSettings)
 app = make_celery("signalbox-tools", settings, include=["services.tools.tasks"])
 registry = worker_tools(settings)
@@ -32,6 +40,26 @@ def _consumed_queues(consumer: Any) -> list[str] | None:
         return list(consumer.app.amqp.queues.consume_from)
     except AttributeError:  # not a Celery consumer (e.g. a test's sender): announce all
         return None
+
+
+@worker_init.connect
+def _refuse_an_unconfined_sandbox(sender: Any, **_: Any) -> None:
+    """Exit before the pool starts if this worker would serve run_python and cannot confine it."""
+    queues = _consumed_queues(sender)
+    if queues is not None and SANDBOX_QUEUE not in queues:
+        return
+    if settings.sandbox == "off":
+        log.warning("run_python is off (SIGNALBOX_SANDBOX=off): this worker does not serve it")
+        return
+    reason = unavailable(settings.sandbox_bwrap)
+    if reason is not None:
+        message = (
+            f"signalbox tools worker: refusing to consume {SANDBOX_QUEUE!r}, the run_python "
+            f"sandbox cannot hold on this host: {reason}. Install bubblewrap and run this "
+            "worker as root (docs/tools.md), consume other queues only (-Q tools), or set "
+            "SIGNALBOX_SANDBOX=off to serve no run_python at all."
+        )
+        raise SystemExit(message)  # celery's signal dispatch swallows Exceptions, not this
 
 
 @worker_ready.connect

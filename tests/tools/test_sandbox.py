@@ -1,23 +1,34 @@
 """run_python: hostile programs end in a clear error, leave no process behind, the next run works.
 
 Each attack runs through ``execute`` (what the model reads) or ``run_sandboxed`` (to learn the
-run's process group and uid), then /proc is scanned, independently of the sandbox's own
-bookkeeping, for any live process of that group or uid.
+run's uid and cgroup), then /proc is scanned, independently of the sandbox's own bookkeeping,
+for any live process of that uid, and the run's cgroup must be gone. What the sandbox hides
+from the program (the deployment's files, processes, environments) and the per-run memory
+bound are attacked in ``test_sandbox_isolation.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from services.tools import sandbox
 from services.tools.execution import execute
-from services.tools.sandbox import Limits, isolation, run_sandboxed
+from services.tools.sandbox import Limits, Outcome, run_sandboxed
+from shared.ids import new_id
 from shared.tool_contract import ToolResult
 from tests.tools.conftest import ToolEnv
+
+
+@pytest.fixture
+def tool_env(tool_env: ToolEnv, sandbox_ready: None) -> ToolEnv:
+    """The shared ``tool_env``, where the sandbox holds (else skipped; failed under CI)."""
+    return tool_env
+
 
 LIMITS = Limits(
     cpu_s=1,
@@ -38,8 +49,8 @@ TIGHT = {  # the same limits as settings, for runs through execute
 }
 
 
-def _live(pgid: int, uid: int | None) -> list[int]:
-    """Non-zombie processes in group ``pgid`` or owned by ``uid``, read straight from /proc."""
+def _live(uid: int) -> list[int]:
+    """Non-zombie processes owned by ``uid``, read straight from /proc."""
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -49,11 +60,16 @@ def _live(pgid: int, uid: int | None) -> list[int]:
             status = Path(f"/proc/{name}/status").read_text()
         except OSError:
             continue
-        state, _ppid, group = stat[stat.rfind(")") + 2 :].split()[:3]
+        state = stat[stat.rfind(")") + 2 :].split()[0]
         real_uid = int(next(ln for ln in status.splitlines() if ln.startswith("Uid:")).split()[1])
-        if state not in "ZX" and (int(group) == pgid or real_uid == uid):
+        if state not in "ZX" and real_uid == uid:
             found.append(int(name))
     return found
+
+
+def _assert_nothing_left(outcome: Outcome) -> None:
+    assert _live(outcome.uid) == [] and outcome.survivors == ()
+    assert outcome.cgroups and not any(path.exists() for path in outcome.cgroups)
 
 
 def _run_tool(env: ToolEnv, code: str, timeout_s: float = 4.0) -> ToolResult:
@@ -67,12 +83,16 @@ def _assert_next_run_works(env: ToolEnv) -> None:
     assert (result.status, result.output) == ("ok", "42\n"), result.error
 
 
-def test_a_plain_program_runs_in_a_scratch_directory_that_is_removed(tool_env: ToolEnv) -> None:
-    code = "import os\nopen('out.txt', 'w').write('x')\nprint(os.getcwd())\n"
+def test_a_plain_program_runs_in_a_private_scratch_directory_that_is_removed(
+    tool_env: ToolEnv,
+) -> None:
+    name = f"{new_id('left')}.txt"
+    code = f"import os\nopen({name!r}, 'w').write('x')\nprint(os.getcwd(), os.listdir('.'))\n"
     result = _run_tool(tool_env, code)
-    assert result.status == "ok", result.error
-    scratch = Path(result.output.strip())
-    assert scratch.name.startswith("signalbox-sandbox-") and not scratch.exists()
+    assert (result.status, result.output) == ("ok", f"/tmp [{name!r}]\n"), result.error
+    assert not (Path(tempfile.gettempdir()) / name).exists()  # a tmpfs of its own, not ours
+    again = _run_tool(tool_env, "import os\nprint(os.listdir('.'))\n")
+    assert (again.status, again.output) == ("ok", "[]\n"), again.error
 
 
 @pytest.mark.parametrize(
@@ -95,20 +115,27 @@ def test_each_attack_ends_in_a_clear_error_and_leaves_nothing(
     result = _run_tool(tool_env, code)
     assert result.status == "error", f"{attack}: {result}"
     assert "run_python failed" in (result.error or "") and expected in (result.error or "")
-    outcome = run_sandboxed(code, LIMITS)  # again, to learn its group and uid
-    assert _live(outcome.pgid, outcome.uid) == [], attack
+    outcome = run_sandboxed(code, LIMITS)  # again, to learn its uid and cgroup
+    _assert_nothing_left(outcome)
     _assert_next_run_works(tool_env)
 
 
-def test_a_process_that_leaves_the_group_is_killed_with_the_run(tool_env: ToolEnv) -> None:
-    if not isolation().own_uid:
-        pytest.skip("not root: a process that calls setsid() escapes the group kill here")
+def test_a_process_that_leaves_the_session_is_killed_with_the_run(tool_env: ToolEnv) -> None:
     code = (
         "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\ntime.sleep(60)\n"
     )
     outcome = run_sandboxed(code, dataclasses.replace(LIMITS, wall_s=1.0))
     assert outcome.timed_out
-    assert _live(outcome.pgid, outcome.uid) == []
+    _assert_nothing_left(outcome)
+
+
+def test_a_daemon_left_by_a_program_that_exited_is_killed(tool_env: ToolEnv) -> None:
+    code = (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint('bye')\n"
+    )
+    outcome = run_sandboxed(code, LIMITS)
+    assert (outcome.exit_code, outcome.stdout, outcome.timed_out) == (0, "bye\n", False)
+    _assert_nothing_left(outcome)
 
 
 def test_output_is_captured_and_capped(tool_env: ToolEnv) -> None:
@@ -125,12 +152,15 @@ def test_the_wall_clock_limit_kills_a_sleeping_program(tool_env: ToolEnv) -> Non
 
 
 def test_the_program_has_no_network(tool_env: ToolEnv, redis_url: str) -> None:
-    if not isolation().network:
-        pytest.skip("no network namespace on this host: the sandbox's network is NOT blocked")
     port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
     code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
     result = _run_tool(tool_env, code)
     assert result.status == "error" and "the sandbox has no network" in (result.error or "")
+    code = "import socket\nsocket.create_connection(('example.com', 80), timeout=2)\n"
+    result = _run_tool(tool_env, code)
+    assert result.status == "error" and "the sandbox has no network" in (result.error or "")
+    interfaces = _run_tool(tool_env, "import socket\nprint(socket.if_nameindex())\n")
+    assert interfaces.output == "[(1, 'lo')]\n", interfaces
     _assert_next_run_works(tool_env)
 
 

@@ -21,6 +21,7 @@ from shared.redis_keys import RedisKeys
 from shared.settings import ToolsSettings, load
 from shared.tool_contract import ToolCallRequest, ToolResult, read_catalogue
 from signalbox.processes import Child, ServiceCommands, child_env, log_contains
+from tests.tools.test_sandbox_isolation import FORK_AND_ALLOCATE
 
 DEADLINE_S = 15.0
 REFRESH_S = 0.5  # catalogue TTL is 3 refreshes: 1.5 s
@@ -65,7 +66,9 @@ def _published(client: redis.Redis, keys: RedisKeys, worker: Child) -> list[str]
 
 
 @pytest.fixture
-def workers(service_env: dict[str, str], tmp_path: Path) -> Iterator[tuple[Child, Child]]:
+def workers(
+    service_env: dict[str, str], tmp_path: Path, sandbox_ready: None
+) -> Iterator[tuple[Child, Child]]:
     """Worker A on ``tools,tools.sandbox``; worker B on ``tools.extra`` with a deployment tool."""
     a = _worker(tmp_path, "tools,tools.sandbox", 4, {"SIGNALBOX_SANDBOX_PROCESSES": "16"})
     b = _worker(
@@ -141,13 +144,18 @@ def test_two_workers_limits_in_c_the_sandbox_queue_and_a_killed_worker(
         assert result.status == "timeout" and "hard time limit of 3 s" in (result.error or "")
         assert HARD_LIMIT_S - 0.5 < after < HARD_LIMIT_S + SOFT_GRACE_S
 
-        # The sandbox queue: a fork bomb fails clearly, the next program runs.
+        # The sandbox queue: a fork bomb and a fork-and-allocate run (6 x 400 MiB against 512
+        # MB for the whole run) fail clearly, the worker lives on, the next program runs.
         bomb = send("run_python", 5, code="import os\nwhile True:\n    os.fork()\n")
+        hog = send("run_python", 10, code=FORK_AND_ALLOCATE)
         calm = send("run_python", 5, code="print(6 * 7)")
         shout = send("shout", 5, text="hi")
-        got = {r.call_id: r for _t, r in _results(redis_client, keys, turn_id, 7)}
+        got = {r.call_id: r for _t, r in _results(redis_client, keys, turn_id, 8)}
         assert got[bomb.call_id].status == "error"
         assert "processes are limited to 16" in (got[bomb.call_id].error or "")
+        assert got[hog.call_id].status == "error"
+        assert "more than its memory limit of 512 MB" in (got[hog.call_id].error or "")
+        assert a.alive()
         assert (got[calm.call_id].status, got[calm.call_id].output) == ("ok", "42\n")
         assert (got[shout.call_id].status, got[shout.call_id].output) == ("ok", "HI")
 
