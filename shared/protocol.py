@@ -34,17 +34,36 @@ CLIENT_FRAME_TYPES = (
     "ping",
 )
 
+# PostgreSQL cannot keep a NUL in a text column: text a client sends to be stored carries a
+# field ``pattern=NO_NUL``, so a NUL is refused as input (HTTP 422), never a 500 at commit.
+NO_NUL = r"^[^\x00]*$"
+
+
+# The longest value each client field may carry, in characters: the same over the WebSocket
+# and HTTP, listed in docs/protocol.md ("Longest values", held to this by
+# tests/test_protocol_doc.py). A longer one is refused (`bad_frame`, HTTP 422) before
+# anything is stored.
+MAX_TURN_TEXT_CHARS = 100_000  # ~25k tokens; even at 6 bytes a character (JSON \u escapes) < 1 MiB
+MAX_ANSWER_CHARS = MAX_TURN_TEXT_CHARS  # an answer to ask_user is a user message too
+MAX_TOOL_OUTPUT_CHARS = MAX_TURN_TEXT_CHARS  # a client tool's result, as the user's own input
+MAX_REASON_CHARS = 2_000  # why a human denied a call or rejected a proposal
+MAX_ID_CHARS = 200  # any id a client names or chooses (the server's own are ~30)
+MAX_CLIENT_TOOLS = 64  # tools one user_turn may declare
+MAX_TOOL_DESCRIPTION_CHARS = 10_000
+
+Id = Annotated[str, Field(max_length=MAX_ID_CHARS)]
+
 
 class _Frame(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    req: str | None = None
+    req: Id | None = None
 
 
 class ClientToolSpec(BaseModel):
     """A tool the client runs itself, declared on ``user_turn``."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    description: str = ""
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$", max_length=64)
+    description: str = Field(default="", max_length=MAX_TOOL_DESCRIPTION_CHARS)
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
     timeout_s: float = Field(default=60.0, gt=0, le=3600)
 
@@ -53,68 +72,68 @@ class Subscribe(_Frame):
     """Subscribe to a conversation, replaying every stored event after ``after``."""
 
     type: Literal["subscribe"]
-    conversation_id: str
-    after: str | None = None
+    conversation_id: Id
+    after: Id | None = None
 
 
 class Unsubscribe(_Frame):
     """Stop receiving a conversation's events."""
 
     type: Literal["unsubscribe"]
-    conversation_id: str
+    conversation_id: Id
 
 
 class UserTurn(_Frame):
     """A user's message; ``conversation_id`` null starts a new conversation."""
 
     type: Literal["user_turn"]
-    conversation_id: str | None = None
-    text: str = Field(min_length=1)
-    client_turn_id: str | None = Field(default=None, max_length=200)
-    workspace: str | None = None
-    client_tools: list[ClientToolSpec] | None = None
+    conversation_id: Id | None = None
+    text: str = Field(min_length=1, max_length=MAX_TURN_TEXT_CHARS)
+    client_turn_id: Id | None = None
+    workspace: Id | None = None  # a valid name is at most 100 (shared/workspace_paths.py)
+    client_tools: list[ClientToolSpec] | None = Field(default=None, max_length=MAX_CLIENT_TOOLS)
 
 
 class Cancel(_Frame):
     """Cancel a queued or running turn."""
 
     type: Literal["cancel"]
-    turn_id: str
+    turn_id: Id
 
 
 class DecideTool(_Frame):
     """A human's decision on a tool call that needs one."""
 
     type: Literal["decide_tool"]
-    call_id: str
+    call_id: Id
     decision: Literal["allow", "deny"]
-    reason: str | None = None
+    reason: str | None = Field(default=None, max_length=MAX_REASON_CHARS)
 
 
 class DecideProposal(_Frame):
     """Approve or reject a proposal."""
 
     type: Literal["decide_proposal"]
-    proposal_id: str
+    proposal_id: Id
     decision: Literal["approve", "reject"]
-    reason: str | None = None
+    reason: str | None = Field(default=None, max_length=MAX_REASON_CHARS)
 
 
 class Answer(_Frame):
     """The human's answer to an ``ask_user`` question."""
 
     type: Literal["answer"]
-    question_id: str
-    text: str
+    question_id: Id
+    text: str = Field(max_length=MAX_ANSWER_CHARS)
 
 
 class ClientToolResult(_Frame):
     """The result of a client tool, authorised by the single-use token of its call."""
 
     type: Literal["tool_result"]
-    call_id: str
-    token: str
-    output: str
+    call_id: Id
+    token: Id
+    output: str = Field(max_length=MAX_TOOL_OUTPUT_CHARS)
     is_error: bool = False
 
 
@@ -163,7 +182,7 @@ def parse_client_frame(raw: str | bytes) -> ClientFrame:
     if not isinstance(obj, dict):
         raise FrameError("bad_frame", f"expected a JSON object, got {type(obj).__name__}")
     req = obj.get("req")
-    req = req if isinstance(req, str) else None
+    req = req if isinstance(req, str) and len(req) <= MAX_ID_CHARS else None  # echoed back
     kind = obj.get("type")
     if kind not in CLIENT_FRAME_TYPES:
         raise FrameError("unknown_type", f"unknown frame type {kind!r}", req)

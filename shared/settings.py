@@ -62,7 +62,10 @@ class GatewaySettings(_NeedsInternalToken):
 
     proposals_url: str = "http://127.0.0.1:8001"
     allowed_origins: list[str] = Field(default_factory=list)
-    ws_max_frame_bytes: int = 1024 * 1024
+    # Both limits are enforced while reading, before buffering (services/gateway/app.py,
+    # body_limit.py); the longest text a frame or body may carry is in shared/protocol.py.
+    ws_max_frame_bytes: int = Field(default=1024 * 1024, gt=0)
+    http_max_body_bytes: int = Field(default=1024 * 1024, gt=0)
     heartbeat_s: float = 15.0
     ws_idle_timeout_s: float = 300.0  # close 1001 when the client sent nothing for this long
     client_queue_size: int = 1000  # events buffered per socket before a slow reader is closed
@@ -132,7 +135,10 @@ class ToolsSettings(_NeedsInternalToken):
     tool_timeouts: dict[str, float] = Field(default_factory=dict)  # tool name -> limit (s)
     tool_queues: dict[str, str] = Field(default_factory=dict)  # tool name -> Celery queue
     mcp_servers: dict[str, McpServerSettings] = Field(default_factory=dict)
-    # run_python: limits of the sandboxed child (docs/operations.md says what is enforced where)
+    # run_python: "off" removes it from the catalogue where the sandbox cannot hold; it never
+    # runs unconfined (docs/tools.md). Limits are per run (memory, processes) or per process.
+    sandbox: Literal["on", "off"] = "on"
+    sandbox_bwrap: str = "bwrap"  # bubblewrap's executable, looked up in PATH
     sandbox_cpu_s: int = 10
     sandbox_memory_mb: int = 512
     sandbox_file_mb: int = 16

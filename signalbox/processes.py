@@ -163,9 +163,10 @@ class ServiceCommands:
     orchestrator_concurrency: int = 8
 
     def gateway(self, port: int) -> list[str]:
+        # Its own entry point, not the uvicorn command: the server's read limits come from
+        # the gateway's settings there (services/gateway/app.py, server_config).
         return python_module(
-            "uvicorn", "services.gateway.app:create_app", "--factory",
-            "--host", self.host, "--port", str(port), "--no-access-log",
+            "services.gateway.app", "--host", self.host, "--port", str(port),
         )  # fmt: skip
 
     def proposals(self, port: int) -> list[str]:

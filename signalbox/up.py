@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -22,7 +23,9 @@ from typing import TextIO
 from sqlalchemy import select
 
 from shared.db import User
+from shared.db.migrate import sqlite_file
 from shared.db.users import create_user, issue_token, user_for_token
+from shared.file_modes import PRIVATE_FILE_MODE, keep_new_files_private, make_private, private_dir
 from shared.settings import CommonSettings, OrchestratorSettings, load
 from signalbox.admin import migrate, safe_url, session_for
 from signalbox.processes import Child, StartError
@@ -30,7 +33,11 @@ from signalbox.redis_server import RedisServer, RedisUnavailable, find_or_start_
 from signalbox.stack import Stack, StackConfig
 
 ADMIN_USER = "admin"
-SECRET_FILE_MODE = 0o600
+SECRET_FILE_MODE = PRIVATE_FILE_MODE
+# What an older `signalbox up` may have left readable by every local user.
+STATE_DIRS = ("logs", "workspaces", "redis")
+STATE_FILES = ("internal-token", "admin-token")
+SQLITE_SUFFIXES = ("", "-wal", "-shm", "-journal")
 # How often the supervisor looks at its children when no SIGCHLD woke it (a backstop only).
 SUPERVISE_INTERVAL_S = 1.0
 
@@ -74,6 +81,26 @@ def write_secret(path: Path, value: str) -> None:
     os.replace(tmp, path)
 
 
+def prepare_var(var: Path, database_url: str) -> None:
+    """Make ``var`` and what it holds private to this user: directories 0700, files 0600.
+
+    New files are private through the umask ``run_up`` sets; this narrows what an older
+    version created 0755/0644 (the SQLite file with its WAL, the tokens, the logs) and
+    the SQLite file wherever ``SIGNALBOX_DATABASE_URL`` puts it.
+    """
+    private_dir(var)
+    for name in STATE_DIRS:
+        private_dir(var / name)
+    for name in STATE_FILES:
+        make_private(var / name)
+    for log in (var / "logs").glob("*.log"):
+        make_private(log)
+    database = sqlite_file(database_url)
+    if database is not None:
+        for suffix in SQLITE_SUFFIXES:
+            make_private(database.with_name(database.name + suffix))
+
+
 def ensure_admin_token(database_url: str, token_file: Path) -> str:
     """The admin's token: the saved one while it still works, else a new one (saved)."""
     try:
@@ -99,6 +126,26 @@ def model_description(env: dict[str, str]) -> str:
     model = env.get("SIGNALBOX_MODEL") or OrchestratorSettings.model_fields["model"].default
     base = env.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com"
     return f"{model} at {base} (ANTHROPIC_API_KEY is set)"
+
+
+def sandbox_env(env: dict[str, str]) -> tuple[dict[str, str], str]:
+    """The tools workers' sandbox setting, and one line saying whether run_python is served.
+
+    A tools worker refuses to start where the sandbox cannot hold (no bubblewrap, not root,
+    no memory cgroup). ``up`` asks the same question first (``python -m
+    services.tools.sandbox``) and, if the answer is no, starts its workers with
+    ``SIGNALBOX_SANDBOX=off``, which withdraws run_python, and says so: never unconfined.
+    """
+    if env.get("SIGNALBOX_SANDBOX") == "off":
+        return {}, "run_python off (SIGNALBOX_SANDBOX=off)"
+    probe = subprocess.run(
+        [sys.executable, "-m", "services.tools.sandbox"], env=env, capture_output=True, text=True
+    )
+    said = (probe.stdout.strip() or probe.stderr.strip()).splitlines()
+    if probe.returncode == 0:
+        return {}, "run_python " + (said[-1] if said else "sandboxed")
+    why = said[-1] if said else f"the sandbox check exited with status {probe.returncode}"
+    return {"SIGNALBOX_SANDBOX": "off"}, f"run_python OFF: the sandbox cannot hold here: {why}"
 
 
 def _local_origins(host: str, port: int) -> str:
@@ -164,11 +211,13 @@ def _say_stopping(_signum: int, _frame: FrameType | None) -> None:
 
 def run_up(options: UpOptions, out: TextIO = sys.stdout) -> int:
     """Start everything, print how to log in, supervise until stopped; the exit status."""
+    # Before anything is created: every file of this run and of its children is private.
+    keep_new_files_private()
     var = options.var_dir.resolve()
-    (var / "logs").mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     common = load(CommonSettings)
     database_url = env.get("SIGNALBOX_DATABASE_URL") or f"sqlite:///{var / 'signalbox.db'}"
+    prepare_var(var, database_url)
 
     print(f"signalbox: database {safe_url(database_url)}", file=out)
     migrate(database_url)
@@ -193,6 +242,8 @@ def run_up(options: UpOptions, out: TextIO = sys.stdout) -> int:
             raise UpError(str(exc)) from None
         where = "found" if redis.process is None else "started"
         print(f"signalbox: redis {where} at {redis.url}", file=out)
+        sandbox, sandbox_line = sandbox_env(env)
+        print(f"signalbox: {sandbox_line}", file=out)
         stack = Stack(
             StackConfig(
                 var_dir=var,
@@ -205,7 +256,8 @@ def run_up(options: UpOptions, out: TextIO = sys.stdout) -> int:
                 tools_workers=options.tools_workers,
                 extra_env={
                     "SIGNALBOX_ALLOWED_ORIGINS": env.get("SIGNALBOX_ALLOWED_ORIGINS")
-                    or _local_origins(options.host, options.port)
+                    or _local_origins(options.host, options.port),
+                    **sandbox,
                 },
             )
         )

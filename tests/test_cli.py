@@ -19,7 +19,13 @@ from signalbox.cli import main
 from signalbox.processes import Child
 from signalbox.redis_server import RedisServer
 from signalbox.stack import Stack, StackConfig
-from signalbox.up import ADMIN_USER, Supervisor, ensure_admin_token, read_or_create_secret
+from signalbox.up import (
+    ADMIN_USER,
+    Supervisor,
+    ensure_admin_token,
+    prepare_var,
+    read_or_create_secret,
+)
 
 CLI_TIMEOUT_S = 60
 
@@ -150,3 +156,61 @@ def test_supervisor_reports_a_dead_child(tmp_path: Path) -> None:
     report = out.getvalue()
     assert "orchestrator1 exited with status 3" in report
     assert "boom: bad settings" in report
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+def test_up_keeps_its_state_private(tmp_path: Path) -> None:
+    """A real `signalbox up` (stopped at Redis, after preparing var/): nothing for others."""
+    var = tmp_path / "var"
+    result = signalbox(
+        "up",
+        "--var",
+        str(var),
+        database_url=f"sqlite:///{var / 'signalbox.db'}",
+        extra={"SIGNALBOX_REDIS_URL": "redis://127.0.0.1:1/0"},
+    )
+    assert result.returncode == 1 and "nothing answers PING" in result.stderr
+    for directory in (var, var / "logs", var / "workspaces", var / "redis"):
+        assert _mode(directory) == 0o700, directory
+    for name in ("signalbox.db", "internal-token", "admin-token"):
+        assert _mode(var / name) == 0o600, name
+
+
+def test_prepare_var_narrows_what_an_older_version_left_open(tmp_path: Path) -> None:
+    var = tmp_path / "var"
+    old_files = ("signalbox.db", "signalbox.db-wal", "signalbox.db-shm", "admin-token")
+    for directory in (var, var / "logs", var / "workspaces" / "user_1"):
+        directory.mkdir(parents=True, mode=0o755)
+        directory.chmod(0o755)
+    for name in (*old_files, "logs/gateway.log"):
+        (var / name).write_text("x")
+        (var / name).chmod(0o644)
+    elsewhere = tmp_path / "elsewhere.db"  # SIGNALBOX_DATABASE_URL outside var/
+    elsewhere.write_text("x")
+    elsewhere.chmod(0o664)
+    outside = tmp_path / "not-ours"
+    outside.write_text("x")
+    outside.chmod(0o644)
+    (var / "link").symlink_to(outside)
+
+    prepare_var(var, f"sqlite:///{var / 'signalbox.db'}")
+    prepare_var(var, f"sqlite:///{elsewhere}")
+
+    for directory in (var, var / "logs", var / "workspaces", var / "redis"):
+        assert _mode(directory) == 0o700, directory
+    for name in (*old_files, "logs/gateway.log"):
+        assert _mode(var / name) == 0o600, name
+    assert _mode(elsewhere) == 0o600
+    assert _mode(outside) == 0o644  # a symlink's target is left alone
+
+
+def test_migrate_creates_the_sqlite_file_private(tmp_path: Path) -> None:
+    database = tmp_path / "new" / "signalbox.db"
+    upgrade(f"sqlite:///{database}")
+    assert _mode(database) == 0o600
+    assert all(
+        _mode(p) == 0o600 for p in database.parent.iterdir() if p.name.startswith(database.name)
+    )

@@ -40,6 +40,8 @@ SETTINGS_OF: dict[str, type[BaseSettings]] = {
     "tools-sandbox": ToolsSettings,
 }
 ENTRY_POINT = re.compile(r"\b((?:services|shared|signalbox)(?:\.\w+)+):(\w+)\b")
+# `python -m services.gateway.app`: a module of ours run as a program, through its main().
+RUN_MODULE = re.compile(r"(?:^|\s)-m\s+((?:services|shared|signalbox)(?:\.\w+)+)(?=\s|$)")
 INTERPOLATION = re.compile(r"\$\{(\w+)(?::?[-?]([^}]*))?\}")
 
 
@@ -117,6 +119,9 @@ def test_every_entry_point_exists(services: dict[str, dict[str, Any]]) -> None:
         for words in _every_command(svc):
             for module, attribute in ENTRY_POINT.findall(" ".join(words)):
                 check_entry_point(module, attribute)
+                found.append((name, module))
+            for module in RUN_MODULE.findall(" ".join(words)):
+                check_entry_point(module, "main")
                 found.append((name, module))
     named = {name for name, _ in found}
     assert {"gateway", "proposals", "orchestrator", "tools"} <= named

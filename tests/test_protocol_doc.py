@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import types
 import typing
@@ -12,7 +13,15 @@ import pytest
 from pydantic import BaseModel
 
 from shared.events import EVENT_DATA
-from shared.protocol import CLIENT_FRAME_TYPES, ClientFrame, ErrorCode
+from shared.ids import ID_MAX_CHARS
+from shared.proposals_api import MAX_FILES, MAX_PATH_CHARS, MAX_REASON_CHARS, ProposalPublic
+from shared.protocol import (
+    CLIENT_FRAME_TYPES,
+    ClientFrame,
+    ErrorCode,
+    FrameError,
+    parse_client_frame,
+)
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
 _TICKED = re.compile(r"`([^`]+)`")
@@ -183,3 +192,105 @@ def test_the_parser_catches_drift() -> None:
     with pytest.raises(AssertionError):
         nested = doc_fields("`files`: [{`path`, `colour`}]")
         check_fields(EVENT_DATA["proposal_created"], nested, "bad")
+
+
+def test_the_proposal_json_matches_the_model_both_services_answer_with(doc: str) -> None:
+    text = section(doc, "HTTP, proposals service")
+    match = re.search(r"A proposal: (.*?)\.\n", text, re.S)
+    assert match, "the doc does not say what a proposal is"
+    check_fields(ProposalPublic, doc_fields(match.group(1)), "proposal")
+
+
+def test_the_documented_limits_are_the_code_s(doc: str) -> None:
+    """Each maximum the doc states for ids and the proposals routes is the constant enforcing it."""
+    gateway = " ".join(section(doc, "HTTP, gateway (one base URL for clients)").split())
+    proposals = " ".join(section(doc, "HTTP, proposals service").split())
+    assert f"`_` and `-`, at most {ID_MAX_CHARS} characters" in gateway
+    assert f"`_` and `-`, at most {ID_MAX_CHARS} characters" in proposals
+    assert f"`reason` at most {MAX_REASON_CHARS} characters" in proposals
+    assert f"at most {MAX_FILES} paths, each at most {MAX_PATH_CHARS} characters" in proposals
+
+
+# -- the longest values ("## Longest values"), proved on the parser both ways -------------
+
+_MINIMAL_FRAMES: dict[str, dict[str, Any]] = {
+    "subscribe": {"conversation_id": "c"},
+    "unsubscribe": {"conversation_id": "c"},
+    "user_turn": {"text": "t"},
+    "cancel": {"turn_id": "t"},
+    "decide_tool": {"call_id": "c", "decision": "allow"},
+    "decide_proposal": {"proposal_id": "p", "decision": "approve"},
+    "answer": {"question_id": "q", "text": "a"},
+    "tool_result": {"call_id": "c", "token": "t", "output": "o"},
+    "ping": {},
+}
+
+
+def documented_maxima(doc: str) -> dict[str, int]:
+    """``frame.field`` (``req``: every frame) -> the maximum the doc gives it."""
+    found: dict[str, int] = {}
+    for cell, limit in table_rows(section(doc, "Longest values")):
+        for path in _TICKED.findall(strip_groups(cell)):
+            found[path] = int(limit)
+    return found
+
+
+def _frame_with(path: str, size: int) -> dict[str, Any]:
+    """A valid frame of ``path``'s type whose field ``path`` holds ``size`` characters/items."""
+    kind, _, field = path.partition(".")
+    frame: dict[str, Any] = {"type": kind, **_MINIMAL_FRAMES[kind]}
+    if field == "client_tools":
+        frame[field] = [{"name": f"t{i}"} for i in range(size)]
+    elif field.startswith("client_tools."):
+        frame["client_tools"] = [{"name": "t", field.split(".", 1)[1]: "x" * size}]
+    else:
+        frame[field] = "x" * size
+    return frame
+
+
+def _is_text(annotation: Any) -> bool:
+    """``str``, also inside Optional or Annotated (not a dict or list keyed by str)."""
+    if get_origin(annotation) in (types.UnionType, typing.Union):
+        return any(_is_text(a) for a in get_args(annotation) if a is not type(None))
+    if get_origin(annotation) is typing.Annotated:
+        return _is_text(get_args(annotation)[0])
+    return annotation is str
+
+
+def _text_fields(model: type[BaseModel], prefix: str) -> set[str]:
+    """``prefix.field`` of every free-text (str) field of ``model`` and of its sub-models."""
+    found = set()
+    for name, info in model.model_fields.items():
+        if _is_text(info.annotation):
+            found.add(f"{prefix}.{name}")
+        nested = sub_model(info.annotation)
+        if nested is not None:
+            found.add(f"{prefix}.{name}")
+            found |= _text_fields(nested, f"{prefix}.{name}")
+    return found
+
+
+def test_every_documented_maximum_is_the_parsers(doc: str) -> None:
+    maxima = documented_maxima(doc)
+    assert maxima, "the doc lists no longest values"
+    for path, limit in maxima.items():
+        paths = [f"{kind}.req" for kind in _MINIMAL_FRAMES] if path == "req" else [path]
+        for one in paths:
+            field = one.split(".", 1)[1]
+            at_limit = _frame_with(one, limit)
+            over = _frame_with(one, limit + 1)
+            if field == "req":
+                at_limit["req"], over["req"] = "r" * limit, "r" * (limit + 1)
+            parse_client_frame(json.dumps(at_limit))
+            with pytest.raises(FrameError) as refused:
+                parse_client_frame(json.dumps(over))
+            assert refused.value.code == "bad_frame", one
+
+
+def test_every_free_text_of_a_client_frame_has_a_documented_maximum(doc: str) -> None:
+    maxima = documented_maxima(doc)
+    for model in get_args(get_args(ClientFrame)[0]):
+        kind = get_args(model.model_fields["type"].annotation)[0]
+        for path in _text_fields(model, kind) - {f"{kind}.type"}:
+            field = path.split(".", 1)[1]
+            assert path in maxima or (field == "req" and "req" in maxima), f"{path}: no maximum"

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from services.gateway.app import create_app
+from services.gateway.app import create_app, server_config
 from shared.db.users import create_user
 from shared.protocol import ClientFrame, ErrorCode
 from shared.settings import GatewaySettings
@@ -57,8 +57,8 @@ class _Gateway:
     def __init__(self, settings: GatewaySettings, token: str) -> None:
         self.port = free_port()
         self.token = token
-        config = uvicorn.Config(
-            create_app(settings), host="127.0.0.1", port=self.port, log_level="warning"
+        config = server_config(
+            create_app(settings), settings, "127.0.0.1", self.port, log_level="warning"
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

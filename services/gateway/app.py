@@ -1,16 +1,27 @@
-"""The gateway's entry point: ``uvicorn services.gateway.app:create_app --factory``."""
+"""The gateway's entry point: ``python -m services.gateway.app --host H --port P``.
+
+``main`` builds uvicorn's config from the gateway's settings (``server_config``), so the
+limits the server must enforce while it reads (the WebSocket frame size) come from
+``SIGNALBOX_*`` like every other setting, and no command line can leave one out.
+``signalbox up``, docker-compose.yml and the tests all start the gateway through it.
+"""
 
 from __future__ import annotations
 
+import argparse
 import logging
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from services.gateway import redaction, ws
+from services.gateway.body_limit import BodyLimit
 from services.gateway.errors import GatewayError
 from services.gateway.routes import (
     conversations,
@@ -22,7 +33,13 @@ from services.gateway.routes import (
     workspaces,
 )
 from services.gateway.state import Gateway
-from shared.settings import GatewaySettings, load
+from shared.file_modes import keep_new_files_private
+from shared.settings import GatewaySettings, SettingsError, load
+
+# uvicorn's own protocol on the websockets library: its frame parser checks the length in
+# each frame header (and the running total of a fragmented or compressed message) against
+# ws_max_size before it reads the payload, and fails the connection with 1009.
+WS_PROTOCOL = "websockets-sansio"
 
 
 def create_app(settings: GatewaySettings | None = None) -> FastAPI:
@@ -59,4 +76,50 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     ):
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=ui.STATIC_DIR), name="static")
+    app.add_middleware(BodyLimit, max_bytes=settings.http_max_body_bytes)
     return app
+
+
+def server_config(
+    app: FastAPI, settings: GatewaySettings, host: str, port: int, **options: Any
+) -> uvicorn.Config:
+    """uvicorn's config serving ``app`` built on ``settings``: the one place the server's
+    limits are set.
+
+    ``ws_max_size`` is the frame limit enforced while reading: a frame announcing more than
+    ``SIGNALBOX_WS_MAX_FRAME_BYTES`` is refused from its header, before its payload is
+    buffered (the session's check of each message, after, is then a second guard only).
+    ``options`` are further ``uvicorn.Config`` arguments (tests pass ``log_level``).
+    """
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        ws=WS_PROTOCOL,
+        ws_max_size=settings.ws_max_frame_bytes,
+        access_log=False,  # a ticket rides in the /ws query string; redaction covers the rest
+        lifespan="on",
+        **options,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve the gateway until stopped; 1 with a message naming the variable on bad settings."""
+    parser = argparse.ArgumentParser(
+        prog="python -m services.gateway.app", description="Serve the Signalbox gateway."
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    args = parser.parse_args(argv)
+    keep_new_files_private()  # the workspace directories it creates
+    try:
+        settings = load(GatewaySettings)
+    except SettingsError as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 1
+    uvicorn.Server(server_config(create_app(settings), settings, args.host, args.port)).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -53,6 +53,18 @@ def create_conversation(
     return conversation
 
 
+async def announce_conversation(gateway: Gateway, conversation: Conversation) -> None:
+    """Make a stored conversation's workspace directory and append ``conversation_created``."""
+    make_workspace_dir(
+        gateway.settings.workspaces_root, conversation.user_id, conversation.workspace
+    )
+    await gateway.events.append(
+        conversation.id,
+        "conversation_created",
+        {"workspace": conversation.workspace, "title": conversation.title},
+    )
+
+
 async def start_conversation(
     gateway: Gateway, user_id: str, workspace: str | None, title: str
 ) -> Conversation:
@@ -60,12 +72,7 @@ async def start_conversation(
     conversation = await gateway.db(
         lambda session: create_conversation(session, user_id, workspace, title)
     )
-    make_workspace_dir(gateway.settings.workspaces_root, user_id, conversation.workspace)
-    await gateway.events.append(
-        conversation.id,
-        "conversation_created",
-        {"workspace": conversation.workspace, "title": conversation.title},
-    )
+    await announce_conversation(gateway, conversation)
     return conversation
 
 

@@ -11,14 +11,15 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from services.gateway.conversations import TITLE_CHARS, start_conversation
+from services.gateway.conversations import TITLE_CHARS, announce_conversation, create_conversation
 from services.gateway.errors import TurnBusy, Unavailable
 from services.gateway.ownership import owned_conversation, owned_turn
 from services.gateway.state import Gateway
-from shared.db import Conversation, Turn
+from shared.db import Conversation, Turn, User
+from shared.db.concurrency import lock_row
 from shared.ids import new_id
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ class _Inserted:
     turn: Turn
     created: bool
     interrupted: list[str] = field(default_factory=list)
+    conversation: Conversation | None = None  # the conversation this insert started, if any
 
 
 def _existing_turn(session: Session, user_id: str, client_turn_id: str) -> Turn | None:
@@ -62,13 +64,8 @@ def _insert_turn(
     busy_policy: str,
 ) -> _Inserted:
     conversation = owned_conversation(session, user_id, conversation_id)
-    # A no-op write takes the conversation's row lock (PostgreSQL) or the write lock (SQLite),
-    # so concurrent submissions get distinct seqs and one client_turn_id makes one turn.
-    session.execute(
-        update(Conversation)
-        .where(Conversation.id == conversation.id)
-        .values(title=Conversation.title)
-    )
+    # Concurrent submissions get distinct seqs and one client_turn_id makes one turn.
+    lock_row(session, Conversation, conversation.id)
     if client_turn_id is not None:
         existing = session.scalars(
             select(Turn).where(
@@ -93,12 +90,48 @@ def _insert_turn(
         for earlier in unfinished:
             earlier.cancel_requested = True
             interrupted.append(earlier.id)
+    turn = _add_turn(session, user_id, conversation.id, text, client_turn_id, client_tools)
+    return _Inserted(turn, created=True, interrupted=interrupted)
+
+
+def _insert_first_turn(
+    session: Session,
+    user_id: str,
+    workspace: str | None,
+    text: str,
+    client_turn_id: str | None,
+    client_tools: list[dict[str, Any]] | None,
+) -> _Inserted:
+    """A new conversation and its first turn, in one transaction.
+
+    With a ``client_turn_id`` the user's row is locked first, so a first message resent
+    while its first send is still being stored (on a second socket, after a reconnect)
+    finds that turn instead of opening a second conversation.
+    """
+    if client_turn_id is not None:
+        lock_row(session, User, user_id)
+        existing = _existing_turn(session, user_id, client_turn_id)
+        if existing is not None:
+            return _Inserted(existing, created=False)
+    conversation = create_conversation(session, user_id, workspace, text[:TITLE_CHARS])
+    turn = _add_turn(session, user_id, conversation.id, text, client_turn_id, client_tools)
+    return _Inserted(turn, created=True, conversation=conversation)
+
+
+def _add_turn(
+    session: Session,
+    user_id: str,
+    conversation_id: str,
+    text: str,
+    client_turn_id: str | None,
+    client_tools: list[dict[str, Any]] | None,
+) -> Turn:
     last_seq = session.scalar(
-        select(func.max(Turn.seq)).where(Turn.conversation_id == conversation.id)
+        select(func.max(Turn.seq)).where(Turn.conversation_id == conversation_id)
     )
     turn = Turn(
         id=new_id("turn"),
-        conversation_id=conversation.id,
+        conversation_id=conversation_id,
         user_id=user_id,
         seq=(last_seq or 0) + 1,
         text=text,
@@ -108,7 +141,7 @@ def _insert_turn(
     )
     session.add(turn)
     session.flush()
-    return _Inserted(turn, created=True, interrupted=interrupted)
+    return turn
 
 
 async def submit_turn(
@@ -122,32 +155,23 @@ async def submit_turn(
     client_tools: list[dict[str, Any]] | None = None,
 ) -> SubmittedTurn:
     """Store a turn, announce it, enqueue it; a new conversation if ``conversation_id`` is None."""
-    new_conversation = False
     if conversation_id is None:
-        if client_turn_id is not None:
-            # A resend of a first message must not open a second conversation.
-            cid = client_turn_id
-            existing = await gateway.db(lambda s: _existing_turn(s, user_id, cid))
-            if existing is not None:
-                return SubmittedTurn(existing.conversation_id, existing.id, created=False)
-        conversation = await start_conversation(gateway, user_id, workspace, text[:TITLE_CHARS])
-        conversation_id = conversation.id
-        new_conversation = True
-    conv_id = conversation_id
-    inserted = await gateway.db(
-        lambda s: _insert_turn(
-            s,
-            user_id,
-            conv_id,
-            text,
-            client_turn_id,
-            client_tools,
-            gateway.settings.busy_policy,
+        inserted = await gateway.db(
+            lambda s: _insert_first_turn(s, user_id, workspace, text, client_turn_id, client_tools)
         )
-    )
+    else:
+        cid = conversation_id
+        inserted = await gateway.db(
+            lambda s: _insert_turn(
+                s, user_id, cid, text, client_turn_id, client_tools, gateway.settings.busy_policy
+            )
+        )
     turn = inserted.turn
+    conv_id = turn.conversation_id
     if not inserted.created:
-        return SubmittedTurn(turn.conversation_id, turn.id, created=False)
+        return SubmittedTurn(conv_id, turn.id, created=False)
+    if inserted.conversation is not None:
+        await announce_conversation(gateway, inserted.conversation)
     for earlier in inserted.interrupted:
         await publish_cancel(gateway, earlier)
     event_id = await gateway.events.append(
@@ -164,7 +188,7 @@ async def submit_turn(
         conv_id,
         turn.id,
         created=True,
-        new_conversation=new_conversation,
+        new_conversation=inserted.conversation is not None,
         queued_event_id=event_id,
     )
 

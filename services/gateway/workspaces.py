@@ -19,6 +19,7 @@ from services.gateway import proposals_client
 from services.gateway.errors import BadInput, NotFound
 from services.gateway.state import Gateway
 from shared.db import User, Workspace
+from shared.db.concurrency import insert_or_get
 from shared.ids import new_id
 from shared.workspace_paths import check_workspace_name, workspace_dir
 
@@ -34,15 +35,13 @@ def checked_workspace(name: str) -> str:
 
 
 def ensure_workspace(session: Session, user_id: str, name: str) -> Workspace:
-    """The user's workspace row ``name``, created if missing."""
-    row = session.scalars(
-        select(Workspace).where(Workspace.user_id == user_id, Workspace.name == name)
-    ).one_or_none()
-    if row is None:
-        row = Workspace(id=new_id("ws"), user_id=user_id, name=checked_workspace(name))
-        session.add(row)
-        session.flush()
-    return row
+    """The user's workspace row ``name``, created if missing.
+
+    Insert-or-get on the (user, name) unique key: a new user's first sends, arriving at once
+    on several sockets, all create ``default``, and each must get the one row.
+    """
+    values = {"id": new_id("ws"), "user_id": user_id, "name": checked_workspace(name)}
+    return insert_or_get(session, Workspace, values, key=("user_id", "name"))
 
 
 def make_workspace_dir(root: Path, user_id: str, name: str) -> Path:

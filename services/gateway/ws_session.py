@@ -196,6 +196,9 @@ class WsSession:
     # -- incoming --------------------------------------------------------------------------
 
     def _too_big(self, raw: str | bytes) -> bool:
+        # A second guard only: the server (app.server_config, ws_max_size) refuses an
+        # oversized frame from its header, before it is read; this catches an app served
+        # by a bare `uvicorn` command that left the limit out.
         limit = self.gateway.settings.ws_max_frame_bytes
         if len(raw) > limit:
             return True

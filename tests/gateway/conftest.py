@@ -19,7 +19,7 @@ import websockets
 from sqlalchemy.orm import Session, sessionmaker
 from websockets.asyncio.client import ClientConnection
 
-from services.gateway.app import create_app
+from services.gateway.app import create_app, server_config
 from services.proposals.app import create_app as create_proposals_app
 from shared.celery_app import ORCHESTRATOR_QUEUE
 from shared.db import Conversation, Message, ToolCall, Turn
@@ -40,9 +40,11 @@ def anyio_backend() -> str:
 class ServerThread:
     """An ASGI app on a real uvicorn server in a thread of the test process."""
 
-    def __init__(self, app: Any) -> None:
-        self.port = free_port()
-        config = uvicorn.Config(
+    def __init__(
+        self, app: Any, port: int | None = None, config: uvicorn.Config | None = None
+    ) -> None:
+        self.port = port or free_port()
+        config = config or uvicorn.Config(
             app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
         )
         self.server = uvicorn.Server(config)
@@ -66,11 +68,14 @@ class ServerThread:
 
 
 class LiveGateway(ServerThread):
-    """One gateway: the real app from ``create_app`` on a real uvicorn server."""
+    """One gateway: the real app from ``create_app`` on a real uvicorn server, configured by
+    the gateway's own ``server_config`` (its frame limit enforced while reading)."""
 
     def __init__(self, settings: GatewaySettings) -> None:
         self.app = create_app(settings)
-        super().__init__(self.app)
+        port = free_port()
+        config = server_config(self.app, settings, "127.0.0.1", port, log_level="warning")
+        super().__init__(self.app, port, config)
         self.settings = settings
         self.keys = RedisKeys(settings.redis_prefix)
 

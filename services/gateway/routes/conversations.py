@@ -11,11 +11,12 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from services.gateway import conversations, turns
-from services.gateway.deps import CurrentUser, GatewayDep
+from services.gateway.deps import CurrentUser, GatewayDep, IdPath
 from services.gateway.errors import BadInput, ReplayGapError
 from services.gateway.ownership import owned_conversation
 from shared.event_stream import ReplayGap, check_event_id
 from shared.events import Event
+from shared.protocol import MAX_ID_CHARS, MAX_TURN_TEXT_CHARS, NO_NUL
 
 router = APIRouter(prefix="/api/conversations")
 
@@ -23,15 +24,15 @@ router = APIRouter(prefix="/api/conversations")
 class NewConversation(BaseModel):
     """Body of ``POST /api/conversations``."""
 
-    workspace: str | None = None
-    title: str = Field(default="", max_length=200)
+    workspace: str | None = Field(default=None, max_length=MAX_ID_CHARS)
+    title: str = Field(default="", max_length=200, pattern=NO_NUL)
 
 
 class NewTurn(BaseModel):
-    """Body of ``POST /api/conversations/{id}/turns``."""
+    """Body of ``POST /api/conversations/{id}/turns``: the limits of the ``user_turn`` frame."""
 
-    text: str = Field(min_length=1)
-    client_turn_id: str | None = Field(default=None, max_length=200)
+    text: str = Field(min_length=1, max_length=MAX_TURN_TEXT_CHARS, pattern=NO_NUL)
+    client_turn_id: str | None = Field(default=None, max_length=MAX_ID_CHARS, pattern=NO_NUL)
 
 
 def _checked_after(after: str | None) -> str | None:
@@ -68,7 +69,7 @@ async def create_conversation(
 
 @router.get("/{conversation_id}")
 async def get_conversation(
-    conversation_id: str, user: CurrentUser, gateway: GatewayDep
+    conversation_id: IdPath, user: CurrentUser, gateway: GatewayDep
 ) -> dict[str, Any]:
     """Turns, transcript, pending decisions and proposals."""
     return await gateway.db(
@@ -78,7 +79,7 @@ async def get_conversation(
 
 @router.get("/{conversation_id}/events")
 async def list_events(
-    conversation_id: str,
+    conversation_id: IdPath,
     user: CurrentUser,
     gateway: GatewayDep,
     after: str | None = None,
@@ -99,7 +100,7 @@ def _sse(event_id: str, text: str) -> str:
 
 @router.get("/{conversation_id}/stream")
 async def stream_events(
-    conversation_id: str,
+    conversation_id: IdPath,
     user: CurrentUser,
     gateway: GatewayDep,
     after: str | None = None,
@@ -157,7 +158,7 @@ async def stream_events(
 
 @router.post("/{conversation_id}/turns", status_code=202)
 async def create_turn(
-    conversation_id: str, body: NewTurn, user: CurrentUser, gateway: GatewayDep
+    conversation_id: IdPath, body: NewTurn, user: CurrentUser, gateway: GatewayDep
 ) -> dict[str, Any]:
     """Queue a turn (idempotent by ``client_turn_id``)."""
     submitted = await turns.submit_turn(

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi import APIRouter
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from services.gateway import tool_decisions, turns
-from services.gateway.deps import CurrentUser, GatewayDep
+from services.gateway.deps import CurrentUser, GatewayDep, IdPath
+from shared.protocol import MAX_REASON_CHARS, NO_NUL
 
 router = APIRouter(prefix="/api")
 
@@ -17,18 +18,18 @@ class ToolDecision(BaseModel):
     """Body of ``POST /api/tool-calls/{id}/decision``."""
 
     decision: Literal["allow", "deny"]
-    reason: str | None = None
+    reason: str | None = Field(default=None, max_length=MAX_REASON_CHARS, pattern=NO_NUL)
 
 
 @router.post("/turns/{turn_id}/cancel")
-async def cancel_turn(turn_id: str, user: CurrentUser, gateway: GatewayDep) -> dict[str, Any]:
+async def cancel_turn(turn_id: IdPath, user: CurrentUser, gateway: GatewayDep) -> dict[str, Any]:
     """Ask a queued or running turn to stop."""
     return await turns.cancel_turn(gateway, user.id, turn_id)
 
 
 @router.post("/tool-calls/{call_id}/decision")
 async def decide_tool(
-    call_id: str, body: ToolDecision, user: CurrentUser, gateway: GatewayDep
+    call_id: IdPath, body: ToolDecision, user: CurrentUser, gateway: GatewayDep
 ) -> dict[str, Any]:
     """Allow or deny a call that waits for a decision (409 if it does not)."""
     return await tool_decisions.decide_tool(gateway, user.id, call_id, body.decision, body.reason)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from services.gateway import workspaces
 from services.gateway.deps import CurrentUser, GatewayDep
+from shared.protocol import MAX_ID_CHARS
 
 router = APIRouter(prefix="/api")
 
@@ -16,7 +17,7 @@ router = APIRouter(prefix="/api")
 class WorkspaceName(BaseModel):
     """Body naming one workspace."""
 
-    name: str
+    name: str = Field(max_length=MAX_ID_CHARS)  # a valid name is at most 100 characters
 
 
 @router.get("/workspaces")

@@ -1,0 +1,95 @@
+"""Refuse an HTTP request body over the limit while it arrives, before anything buffers it.
+
+uvicorn has no body limit, and a route reads its whole JSON body before validating it, so
+a 50 MB body was held in memory whatever its fields said. This ASGI middleware sits in
+front of every route: a ``Content-Length`` over the limit is answered 413 before a byte of
+the body is read (uvicorn then sends no ``100 Continue``); a chunked body is counted
+``receive()`` by ``receive()`` and refused the moment the count passes the limit. The 413
+says ``Connection: close`` so the server drops the rest of the upload instead of reading
+it to find the next request.
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+PAYLOAD_TOO_LARGE = 413
+
+
+class BodyTooLarge(HTTPException):
+    """Raised from ``receive()`` inside a route: the route's error handling answers 413."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(PAYLOAD_TOO_LARGE, _detail(limit), headers={"Connection": "close"})
+
+
+def _detail(limit: int) -> str:
+    return f"request body larger than {limit} bytes (SIGNALBOX_HTTP_MAX_BODY_BYTES)"
+
+
+def _declared_length(scope: Scope) -> int | None:
+    """The request's Content-Length, if it has a usable one (the server refuses a bad one)."""
+    for name, value in scope.get("headers", []):
+        if name == b"content-length" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+async def _refuse(send: Send, limit: int) -> None:
+    body = json.dumps({"detail": _detail(limit)}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": PAYLOAD_TOO_LARGE,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class BodyLimit:
+    """Pure ASGI middleware: HTTP request bodies of at most ``max_bytes``."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)  # WebSocket frames: uvicorn's ws_max_size
+            return
+        declared = _declared_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            await _refuse(send, self.max_bytes)
+            return
+        received = 0
+        started = False
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise BodyTooLarge(self.max_bytes)
+            return message
+
+        async def watching_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, watching_send)
+        except BodyTooLarge:
+            # Raised where no route handled it (e.g. a middleware reading the body).
+            if started:
+                raise
+            await _refuse(send, self.max_bytes)

@@ -1,0 +1,58 @@
+"""The two ways a read-then-write stays right when requests race, on SQLite and PostgreSQL.
+
+``insert_or_get``: a row that must exist once per key (a user's ``default`` workspace) is
+inserted with ``ON CONFLICT DO NOTHING`` and then read. A "select, and insert if missing"
+loses the race to a concurrent insert of the same key and fails its whole transaction with
+an ``IntegrityError``; the conflict clause makes the second insert wait for the first
+and then insert nothing, so both callers get the one row.
+
+``lock_row``: when the decision to write depends on rows a unique key cannot guard (a
+resent first message must find the turn its first send stored), the writers serialise on
+a row they all share. A no-op update takes it: PostgreSQL's row lock (the value does not
+change, so it is the weaker "no key update" lock that does not block foreign-key inserts),
+SQLite's database write lock. ``SELECT ... FOR UPDATE`` would do on PostgreSQL only:
+SQLite ignores it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import inspect, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from shared.db.models import Base
+
+M = TypeVar("M", bound=Base)
+
+
+def insert_or_get(
+    session: Session, model: type[M], values: Mapping[str, Any], key: Sequence[str]
+) -> M:
+    """The row of ``model`` whose ``key`` columns hold ``values``, inserted if missing.
+
+    ``key`` must be the columns of a unique constraint of the table. ``values`` are used only
+    when this call inserts; a row that exists (or that a concurrent transaction inserts and
+    commits first) is returned as it is.
+    """
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        statement: Any = postgresql.insert(model)
+    elif dialect == "sqlite":
+        statement = sqlite.insert(model)
+    else:
+        raise NotImplementedError(f"expected sqlite or postgresql, got {dialect!r}")
+    session.execute(statement.values(**values).on_conflict_do_nothing(index_elements=list(key)))
+    columns = inspect(model).columns
+    found = session.scalars(select(model).where(*(columns[k] == values[k] for k in key))).one()
+    return found
+
+
+def lock_row(session: Session, model: type[Base], row_id: str) -> bool:
+    """Hold ``model``'s row ``row_id`` (SQLite: the database) for writing until the transaction
+    ends; False if there is no such row."""
+    (pk,) = inspect(model).primary_key
+    result: Any = session.execute(update(model).where(pk == row_id).values({pk.key: pk}))
+    return bool(result.rowcount)

@@ -1,0 +1,99 @@
+"""insert_or_get and lock_row hammered from threads at once, on SQLite or PostgreSQL.
+
+The race of issue 12 (finding 5): a new user's first sends all create the ``default``
+workspace; a "select, then insert if missing" made all but one fail with IntegrityError.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from shared.db import Conversation, User, Workspace
+from shared.db.concurrency import insert_or_get, lock_row
+from shared.ids import new_id
+
+THREADS = 16
+BARRIER_TIMEOUT_S = 30.0
+
+T = TypeVar("T")
+
+
+def _at_once(sessions: sessionmaker[Session], work: Callable[[Session], T]) -> list[T]:
+    """``work`` in ``THREADS`` threads, each in its own committed session, released together."""
+    barrier = threading.Barrier(THREADS, timeout=BARRIER_TIMEOUT_S)
+
+    def one(_: int) -> T:
+        with sessions() as session:
+            barrier.wait()
+            result = work(session)
+            session.commit()
+            return result
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        return list(pool.map(one, range(THREADS)))
+
+
+def test_insert_or_get_from_many_threads_makes_one_row(
+    db_sessions: sessionmaker[Session], make_user: Callable[[], tuple[str, str]]
+) -> None:
+    user_id, _ = make_user()
+
+    def ensure(session: Session) -> str:
+        values = {"id": new_id("ws"), "user_id": user_id, "name": "default"}
+        return insert_or_get(session, Workspace, values, key=("user_id", "name")).id
+
+    ids = _at_once(db_sessions, ensure)
+    assert len(set(ids)) == 1
+    with db_sessions() as session:
+        rows = session.scalars(select(Workspace).where(Workspace.user_id == user_id)).all()
+    assert [r.id for r in rows] == ids[:1]
+
+
+def test_insert_or_get_returns_the_existing_row_unchanged(
+    db_sessions: sessionmaker[Session], make_user: Callable[[], tuple[str, str]]
+) -> None:
+    user_id, _ = make_user()
+    with db_sessions() as session:
+        first = insert_or_get(
+            session,
+            Workspace,
+            {"id": "ws_first", "user_id": user_id, "name": "w"},
+            ("user_id", "name"),
+        )
+        again = insert_or_get(
+            session,
+            Workspace,
+            {"id": "ws_again", "user_id": user_id, "name": "w"},
+            ("user_id", "name"),
+        )
+        session.commit()
+    assert first.id == again.id == "ws_first"
+
+
+def test_lock_row_serialises_a_read_then_write(
+    db_sessions: sessionmaker[Session], make_user: Callable[[], tuple[str, str]]
+) -> None:
+    """Each thread writes only if nobody did before it: under the lock exactly one does."""
+    user_id, _ = make_user()
+
+    def first_one_writes(session: Session) -> bool:
+        assert lock_row(session, User, user_id)
+        seen = session.scalar(
+            select(func.count()).select_from(Conversation).where(Conversation.user_id == user_id)
+        )
+        if seen:
+            return False
+        session.add(Conversation(id=new_id("conv"), user_id=user_id, workspace="default"))
+        session.flush()
+        return True
+
+    wrote = _at_once(db_sessions, first_one_writes)
+    assert wrote.count(True) == 1
+    with db_sessions() as session:
+        assert not lock_row(session, User, "user_nobody")
