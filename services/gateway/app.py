@@ -24,8 +24,12 @@ from services.gateway import redaction, ws
 from services.gateway.body_limit import BodyLimit
 from services.gateway.errors import GatewayError
 from services.gateway.routes import (
+    activity,
+    conversation_admin,
     conversations,
+    files,
     health,
+    me,
     proposals,
     tickets,
     turns,
@@ -57,7 +61,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         finally:
             await gateway.aclose()
 
-    app = FastAPI(title="Signalbox gateway", lifespan=lifespan)
+    # /docs and /redoc are served by ui.router from vendored assets (they work offline).
+    app = FastAPI(title="Signalbox gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
@@ -66,6 +71,10 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
     for router in (
         health.router,
+        me.router,
+        activity.router,
+        files.router,
+        conversation_admin.router,
         tickets.router,
         conversations.router,
         turns.router,

@@ -80,7 +80,7 @@ def list_conversations(session: Session, user_id: str) -> list[dict[str, Any]]:
     """The user's conversations, newest first."""
     rows = session.scalars(
         select(Conversation)
-        .where(Conversation.user_id == user_id)
+        .where(Conversation.user_id == user_id, Conversation.archived_at.is_(None))
         .order_by(Conversation.created_at.desc())
     ).all()
     return [conversation_json(c) for c in rows]

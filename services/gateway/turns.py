@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from services.gateway.conversations import TITLE_CHARS, announce_conversation, create_conversation
-from services.gateway.errors import TurnBusy, Unavailable
+from services.gateway.errors import Conflict, TurnBusy, Unavailable
 from services.gateway.ownership import owned_conversation, owned_turn
 from services.gateway.state import Gateway
 from shared.db import Conversation, Turn, User
@@ -74,6 +74,8 @@ def _insert_turn(
         ).first()
         if existing is not None:
             return _Inserted(existing, created=False)
+    if conversation.archived_at is not None:
+        raise Conflict(f"conversation {conversation.id!r} is archived: it takes no new turns")
     unfinished = session.scalars(
         select(Turn).where(
             Turn.conversation_id == conversation.id,

@@ -72,6 +72,9 @@ class Conversation(Base):
     workspace: Mapped[str] = mapped_column(String(100))
     title: Mapped[str] = mapped_column(String(200), default="")
     created_at: Mapped[datetime] = mapped_column(default=now)
+    # Archived (DELETE /api/conversations/{id}): out of the lists, no new turns; its
+    # events and proposals are kept for audit.
+    archived_at: Mapped[datetime | None] = mapped_column(default=None)
 
     turns: Mapped[list[Turn]] = relationship(back_populates="conversation", order_by="Turn.seq")
 

@@ -8,11 +8,19 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from shared.db import make_engine, make_session_factory
+from shared.db.migrate import upgrade
+from shared.db.users import create_user
+from signalbox.stack import Stack, StackConfig
+from tests.fake_anthropic import FakeAnthropic
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Locator, Page
@@ -55,6 +63,7 @@ def browser() -> Iterator[Browser]:
 @pytest.fixture
 def page(browser: Browser) -> Iterator[Page]:
     context = browser.new_context(viewport={"width": 1360, "height": 860})
+    context.grant_permissions(["clipboard-read", "clipboard-write"])
     page = context.new_page()
     yield page
     context.close()
@@ -65,3 +74,47 @@ def screenshot(what: Page | Locator, name: str) -> None:
     if os.environ.get("SIGNALBOX_SCREENSHOTS") == "1":
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         what.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
+
+
+@pytest.fixture(scope="module")
+def fake_stack(
+    tmp_path_factory: pytest.TempPathFactory, redis_url: str, run_id: str, internal_token: str
+) -> Iterator[tuple[Stack, FakeAnthropic, sessionmaker[Session]]]:
+    """Every service as a real process, the model being the fake Messages API (scripted)."""
+    var = tmp_path_factory.mktemp("fake-stack")
+    database_url = f"sqlite:///{var / 'signalbox.db'}"
+    upgrade(database_url)
+    engine = make_engine(database_url)
+    fake = FakeAnthropic().start()
+    config = StackConfig(
+        var_dir=var,
+        redis_url=redis_url,
+        database_url=database_url,
+        internal_token=internal_token,
+        redis_prefix=f"sbtest-{run_id}:fake:",
+        extra_env={"ANTHROPIC_API_KEY": "sk-test", "ANTHROPIC_BASE_URL": fake.url},
+    )
+    stack = Stack(config)
+    stack.start()
+    try:
+        yield stack, fake, make_session_factory(engine)
+    finally:
+        stack.stop()
+        fake.stop()
+        engine.dispose()
+
+
+def new_user(sessions: sessionmaker[Session]) -> tuple[str, str]:
+    """A user of that stack: ``(user_id, token)``."""
+    with sessions() as session:
+        user, token = create_user(session, f"user-{uuid.uuid4().hex[:8]}")
+        session.commit()
+        return user.id, token
+
+
+def console_errors(page: Page) -> list[str]:
+    """A list that fills with the page's console errors and uncaught exceptions."""
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    return errors

@@ -81,7 +81,10 @@ def test_turn_timeline_approval_and_resume_in_a_real_browser(
     turn = page.locator("section.turn").first
     expect(turn.locator(".msg.user")).to_have_text(TURN_TEXT)
     expect(turn).to_have_attribute("data-status", "completed")
-    expect(turn.locator(".msg.assistant").first).to_contain_text("offline demo model")
+    # The demo model is named once, in the header, not in every bubble.
+    expect(page.locator("#model-label")).to_have_text("demo model")
+    expect(turn.locator(".msg.assistant").first).to_contain_text("Let me look around")
+    expect(turn.locator(".msg.assistant", has_text="[offline demo model")).to_have_count(0)
 
     tools = turn.locator("details.tool")
     expect(tools).to_have_count(3)
@@ -102,14 +105,14 @@ def test_turn_timeline_approval_and_resume_in_a_real_browser(
     expect(tools.nth(0).locator("pre.io.input")).to_contain_text('"path": "."')
     expect(tools.nth(0).locator("pre.io.output")).to_be_visible()
     summary = turn.locator(".turn-summary")
-    expect(summary).to_contain_text("3 tools (list_dir, search_files, write_file)")
+    expect(summary).to_contain_text("3 tools: list_dir, search_files, write_file")
     expect(summary).to_contain_text(re.compile(r"\d+\.\d s · \d+ tokens"))
     screenshot(page, "01-turn-timeline")
 
     # -- approve from the Pending changes panel; the file is written ------------------------
     proposal = page.locator(".proposal").first
     expect(proposal).to_have_attribute("data-status", "pending")
-    expect(proposal.locator("pre.diff")).to_contain_text("+Written by the Signalbox")
+    expect(proposal.locator("table.diff")).to_contain_text("+Written by the Signalbox")
     expect(page.locator("#pending-count")).to_have_text("1")
     screenshot(page.locator("aside"), "02-pending-changes")
     target = workspace_dir(stack.config.workspaces_root, user_id, "default") / "hello.txt"
@@ -263,7 +266,10 @@ def test_inline_tool_decision_and_question_answer(
     )
 
     page.goto(f"{stack.gateway_url}/#token={token}")
-    page.locator(f'#conversations li[data-conversation-id="{conversation_id}"]').click()
+    item = page.locator(f'#conversations li[data-conversation-id="{conversation_id}"]')
+    # The list says what waits on the user: a decision and a question.
+    expect(item.locator(".wait")).to_have_text("2 waiting")
+    item.click()
     tool = page.locator(f'details.tool[data-call-id="{call_id}"]')
     expect(tool).to_have_attribute("data-status", "needs_decision")
     question = page.locator(f"#question-{question_id}")
@@ -273,6 +279,8 @@ def test_inline_tool_decision_and_question_answer(
     tool.locator("button.decide.allow").click()
     expect(tool).to_have_attribute("data-status", "allowed")
     expect(tool.locator("button.decide")).to_have_count(0)
+    # How long it waited for the decision is shown apart from how long it runs.
+    expect(tool.locator(".waited")).to_have_text(re.compile(r"^waited \d+\.\d s$"))
     question.locator("button.option", has_text="blue").click()
     expect(question).to_have_class(re.compile(r"answered"))
     with stack_sessions() as session:
