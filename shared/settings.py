@@ -63,7 +63,7 @@ class GatewaySettings(_NeedsInternalToken):
     proposals_url: str = "http://127.0.0.1:8001"
     allowed_origins: list[str] = Field(default_factory=list)
     # Both limits are enforced while reading, before buffering (services/gateway/app.py,
-    # body_limit.py); the longest text a frame or body may carry is in shared/protocol.py.
+    # shared/body_limit.py); the longest text a frame or body may carry is in shared/protocol.py.
     ws_max_frame_bytes: int = Field(default=1024 * 1024, gt=0)
     http_max_body_bytes: int = Field(default=1024 * 1024, gt=0)
     heartbeat_s: float = 15.0
@@ -153,6 +153,9 @@ class ProposalsSettings(_NeedsInternalToken):
     proposal_ttl_s: int = 24 * 3600
     outbox_sweep_s: float = 2.0  # how soon a decision committed while Redis was down goes out
     git_commit_on_apply: bool = False  # commit each applied proposal if the workspace is a repo
+    # Refused while reading (shared/body_limit.py): a tool worker's proposal carries whole
+    # files (write tools cap one at 4 MiB), so this is larger than the gateway's limit.
+    proposals_max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
 
 
 S = TypeVar("S", bound=BaseSettings)

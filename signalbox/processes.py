@@ -170,10 +170,8 @@ class ServiceCommands:
         )  # fmt: skip
 
     def proposals(self, port: int) -> list[str]:
-        return python_module(
-            "uvicorn", "services.proposals.app:create_app", "--factory",
-            "--host", self.host, "--port", str(port), "--no-access-log",
-        )  # fmt: skip
+        # Its own entry point, as the gateway's: the body limit and umask are set in main().
+        return python_module("services.proposals.app", "--host", self.host, "--port", str(port))
 
     def orchestrator(self, name: str) -> list[str]:
         return python_module(

@@ -8,8 +8,9 @@ and need to tell an answer from a connection the server dropped without one.
 from __future__ import annotations
 
 import json
+import select
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -85,3 +86,79 @@ def send(
     elif "content-length" in found and len(payload) < int(found["content-length"]):
         raise ConnectionDropped(f"{method} {raw_target!r}: body cut short")
     return RawResponse(int(status_line.split(" ")[1]), found, payload)
+
+
+CHUNK_BYTES = 64 * 1024
+
+
+@dataclass
+class Upload:
+    """What a client streaming an oversized body saw."""
+
+    status: int | None
+    response: bytes
+    sent: int
+
+
+def _wire(
+    path: str, port: int, total: int, chunked: bool, headers: dict[str, str]
+) -> Iterator[bytes]:
+    """The bytes of a POST whose JSON body (``{"text": "xxx…"}``) is about ``total`` long."""
+    pieces = total // CHUNK_BYTES
+    prefix, suffix = b'{"text": "', b'"}'
+    length = len(prefix) + pieces * CHUNK_BYTES + len(suffix)
+    framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {length}"
+    extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    yield (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{extra}"
+        f"Content-Type: application/json\r\n{framing}\r\n\r\n"
+    ).encode()
+
+    def frame(body: bytes) -> bytes:
+        return f"{len(body):x}\r\n".encode() + body + b"\r\n" if chunked else body
+
+    yield frame(prefix)
+    piece = frame(b"x" * CHUNK_BYTES)
+    for _ in range(pieces):
+        yield piece
+    yield frame(suffix) + (b"0\r\n\r\n" if chunked else b"")
+
+
+def upload(
+    port: int,
+    path: str,
+    total: int,
+    chunked: bool,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 30.0,
+) -> Upload:
+    """POST about ``total`` bytes of JSON to ``path`` as an attacker does, stopping once
+    answered.
+
+    A client library sends the whole body before it reads; this one reads while it sends,
+    so it sees the answer the server gives part-way, and how much it had sent by then.
+    """
+    wire = _wire(path, port, total, chunked, headers or {})
+    response, sent, pending = b"", 0, b""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.setblocking(False)
+        while True:  # until the server closes: its 413 says `Connection: close`
+            if not pending and not response:
+                pending = next(wire, b"")
+            want_write = [sock] if pending and not response else []
+            readable, writable, _ = select.select([sock], want_write, [], timeout_s)
+            if not readable and not writable:
+                break  # no answer within the timeout
+            try:
+                if readable:
+                    data = sock.recv(65536)
+                    if not data:
+                        break
+                    response += data
+                elif writable:
+                    n = sock.send(pending)
+                    pending, sent = pending[n:], sent + n
+            except (BrokenPipeError, ConnectionResetError):
+                break
+    status = int(response.split(b" ", 2)[1]) if response.startswith(b"HTTP/1.1 ") else None
+    return Upload(status, response, sent)

@@ -261,3 +261,17 @@ def test_the_operations_guide_lists_every_setting() -> None:
 def test_the_readme_lists_only_real_settings() -> None:
     rows = _table_rows("README.md")
     assert rows and rows <= _known_settings(), rows - _known_settings()
+
+
+def test_internal_services_are_unreachable_from_outside(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
+    """Only the gateway publishes a port; Redis, PostgreSQL and the proposals service (whose
+    /internal routes trust the internal token) are on the internal network alone."""
+    internal = {name for name, net in compose["networks"].items() if (net or {}).get("internal")}
+    assert internal, "no internal network"
+    assert [name for name, svc in services.items() if svc.get("ports")] == ["gateway"]
+    for name in ("redis", "postgres", "proposals", "tools-sandbox"):
+        assert set(services[name]["networks"]) <= internal, name
+    for name, svc in services.items():
+        assert svc.get("networks"), f"{name} is on the default network, which is not internal"

@@ -21,7 +21,6 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from services.gateway import redaction, ws
-from services.gateway.body_limit import BodyLimit
 from services.gateway.errors import GatewayError
 from services.gateway.routes import (
     activity,
@@ -37,6 +36,7 @@ from services.gateway.routes import (
     workspaces,
 )
 from services.gateway.state import Gateway
+from shared.body_limit import BodyLimit
 from shared.file_modes import keep_new_files_private
 from shared.settings import GatewaySettings, SettingsError, load
 
@@ -85,7 +85,11 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     ):
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=ui.STATIC_DIR), name="static")
-    app.add_middleware(BodyLimit, max_bytes=settings.http_max_body_bytes)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=settings.http_max_body_bytes,
+        setting="SIGNALBOX_HTTP_MAX_BODY_BYTES",
+    )
     return app
 
 

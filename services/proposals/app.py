@@ -1,11 +1,20 @@
-"""Entry point: ``uvicorn services.proposals.app:create_app --factory``."""
+"""The proposals service's entry point: ``python -m services.proposals.app --host H --port P``.
+
+Like the gateway's, ``main`` sets what the server must enforce itself: a body limit checked
+while reading (``shared/body_limit.py``), no access log, and a umask of 077, so the
+temporary files and directories an apply creates in a workspace are the service user's
+alone. ``create_app`` stays the factory the tests serve.
+"""
 
 from __future__ import annotations
 
+import argparse
 import logging
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
@@ -15,7 +24,9 @@ from services.proposals.context import ServiceContext
 from services.proposals.errors import ProposalError
 from services.proposals.routes import router
 from services.proposals.sweeper import Sweeper
-from shared.settings import ProposalsSettings, load
+from shared.body_limit import BodyLimit
+from shared.file_modes import keep_new_files_private
+from shared.settings import ProposalsSettings, SettingsError, load
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +38,8 @@ async def _proposal_error(_request: Request, exc: Exception) -> JSONResponse:
 
 def create_app(settings: ProposalsSettings | None = None) -> FastAPI:
     """The proposals service, on ``settings`` (default: read from ``SIGNALBOX_*``)."""
-    ctx = ServiceContext.from_settings(settings or load(ProposalsSettings))
+    settings = settings or load(ProposalsSettings)
+    ctx = ServiceContext.from_settings(settings)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -55,4 +67,32 @@ def create_app(settings: ProposalsSettings | None = None) -> FastAPI:
     app.state.context = ctx
     app.add_exception_handler(ProposalError, _proposal_error)
     app.include_router(router)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=settings.proposals_max_body_bytes,
+        setting="SIGNALBOX_PROPOSALS_MAX_BODY_BYTES",
+    )
     return app
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve the proposals service until stopped; 1 with a message on bad settings."""
+    parser = argparse.ArgumentParser(
+        prog="python -m services.proposals.app", description="Serve the proposals service."
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8001, help="port (default 8001)")
+    args = parser.parse_args(argv)
+    keep_new_files_private()
+    try:
+        settings = load(ProposalsSettings)
+    except SettingsError as exc:
+        print(f"proposals: {exc}", file=sys.stderr)
+        return 1
+    app = create_app(settings)
+    uvicorn.run(app, host=args.host, port=args.port, access_log=False, lifespan="on")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import select
-import socket
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -35,6 +33,7 @@ from shared.protocol import (
 from signalbox.processes import Child, ServiceCommands, child_env, http_ok
 from signalbox.redis_server import free_port
 from tests.gateway.conftest import LiveGateway, bearer, connect, request
+from tests.rawhttp import upload
 
 pytestmark = pytest.mark.anyio
 
@@ -48,7 +47,6 @@ ATTACK_BODY_BYTES = 50 * MiB
 MAX_GROWTH_BYTES = 40 * MiB
 MESSAGE_TOO_BIG = 1009
 CLOSE_TIMEOUT_S = 30.0
-CHUNK_BYTES = 64 * 1024
 MAX_SENT_BYTES = 8 * MiB  # what loopback socket buffers take in before the answer is read
 
 
@@ -145,70 +143,6 @@ async def test_oversized_frames_close_1009_and_are_never_buffered(
         assert (await http.get("/healthz")).status_code == 200  # and it serves on
 
 
-@dataclass
-class Upload:
-    """What a client streaming an oversized body saw."""
-
-    status: int | None
-    response: bytes
-    sent: int
-
-
-def _wire(path: str, port: int, total: int, chunked: bool, token: str | None) -> Iterator[bytes]:
-    """The bytes of a POST whose JSON body (``{"text": "xxx…"}``) is about ``total`` long."""
-    pieces = total // CHUNK_BYTES
-    prefix, suffix = b'{"text": "', b'"}'
-    length = len(prefix) + pieces * CHUNK_BYTES + len(suffix)
-    framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {length}"
-    auth = f"Authorization: Bearer {token}\r\n" if token else ""
-    yield (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{auth}"
-        f"Content-Type: application/json\r\n{framing}\r\n\r\n"
-    ).encode()
-
-    def frame(body: bytes) -> bytes:
-        return f"{len(body):x}\r\n".encode() + body + b"\r\n" if chunked else body
-
-    yield frame(prefix)
-    piece = frame(b"x" * CHUNK_BYTES)
-    for _ in range(pieces):
-        yield piece
-    yield frame(suffix) + (b"0\r\n\r\n" if chunked else b"")
-
-
-def _upload(port: int, path: str, total: int, chunked: bool, token: str | None = None) -> Upload:
-    """POST about ``total`` bytes of JSON to ``path`` as an attacker does, stopping once
-    answered.
-
-    A client library sends the whole body before it reads; this one reads while it sends,
-    so it sees the answer the server gives part-way, and how much it had sent by then.
-    """
-    wire = _wire(path, port, total, chunked, token)
-    response, sent, pending = b"", 0, b""
-    with socket.create_connection(("127.0.0.1", port), timeout=CLOSE_TIMEOUT_S) as sock:
-        sock.setblocking(False)
-        while True:  # until the server closes: its 413 says `Connection: close`
-            if not pending and not response:
-                pending = next(wire, b"")
-            want_write = [sock] if pending and not response else []
-            readable, writable, _ = select.select([sock], want_write, [], CLOSE_TIMEOUT_S)
-            if not readable and not writable:
-                break  # no answer within the timeout
-            try:
-                if readable:
-                    data = sock.recv(65536)
-                    if not data:
-                        break
-                    response += data
-                elif writable:
-                    n = sock.send(pending)
-                    pending, sent = pending[n:], sent + n
-            except (BrokenPipeError, ConnectionResetError):
-                break
-    status = int(response.split(b" ", 2)[1]) if response.startswith(b"HTTP/1.1 ") else None
-    return Upload(status, response, sent)
-
-
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 @pytest.mark.parametrize("path", ["/api/conversations", "/api/conversations/conv_x/turns"])
 def test_an_oversized_body_is_refused_413_while_it_arrives(
@@ -217,7 +151,7 @@ def test_an_oversized_body_is_refused_413_while_it_arrives(
     """50 MB bodies, declared or chunked, without a token: the body is read before auth."""
     gateway_process.reset_peak()
     before = gateway_process.memory("VmRSS")
-    uploads = [_upload(gateway_process.port, path, ATTACK_BODY_BYTES, chunked) for _ in range(4)]
+    uploads = [upload(gateway_process.port, path, ATTACK_BODY_BYTES, chunked) for _ in range(4)]
     peak = gateway_process.memory("VmHWM")
     sent = [u.sent // MiB for u in uploads]
     print(f"\n{path} chunked={chunked}: sent {sent} MiB, peak {(peak - before) / MiB:.0f} MiB more")
@@ -245,8 +179,8 @@ def test_a_50_mb_turn_text_over_http_is_refused_and_nothing_is_stored(
 ) -> None:
     user_id, token = make_user()
     path = f"/api/conversations/{conversation_of(user_id)}/turns"
-    upload = _upload(gateway.port, path, ATTACK_BODY_BYTES, chunked, token)
-    assert upload.status == 413 and upload.sent < MAX_SENT_BYTES
+    answer = upload(gateway.port, path, ATTACK_BODY_BYTES, chunked, bearer(token))
+    assert answer.status == 413 and answer.sent < MAX_SENT_BYTES
     assert _turns(db_sessions, user_id) == 0
 
 

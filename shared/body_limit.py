@@ -2,11 +2,13 @@
 
 uvicorn has no body limit, and a route reads its whole JSON body before validating it, so
 a 50 MB body was held in memory whatever its fields said. This ASGI middleware sits in
-front of every route: a ``Content-Length`` over the limit is answered 413 before a byte of
-the body is read (uvicorn then sends no ``100 Continue``); a chunked body is counted
-``receive()`` by ``receive()`` and refused the moment the count passes the limit. The 413
-says ``Connection: close`` so the server drops the rest of the upload instead of reading
-it to find the next request.
+front of every route of the gateway and of the proposals service, each with its own limit
+(``SIGNALBOX_HTTP_MAX_BODY_BYTES``, ``SIGNALBOX_PROPOSALS_MAX_BODY_BYTES``): a
+``Content-Length`` over the limit is answered 413 before a byte of the body is read
+(uvicorn then sends no ``100 Continue``); a chunked body is counted ``receive()`` by
+``receive()`` and refused the moment the count passes the limit. The 413 says
+``Connection: close`` so the server drops the rest of the upload instead of reading it to
+find the next request.
 """
 
 from __future__ import annotations
@@ -22,12 +24,8 @@ PAYLOAD_TOO_LARGE = 413
 class BodyTooLarge(HTTPException):
     """Raised from ``receive()`` inside a route: the route's error handling answers 413."""
 
-    def __init__(self, limit: int) -> None:
-        super().__init__(PAYLOAD_TOO_LARGE, _detail(limit), headers={"Connection": "close"})
-
-
-def _detail(limit: int) -> str:
-    return f"request body larger than {limit} bytes (SIGNALBOX_HTTP_MAX_BODY_BYTES)"
+    def __init__(self, detail: str) -> None:
+        super().__init__(PAYLOAD_TOO_LARGE, detail, headers={"Connection": "close"})
 
 
 def _declared_length(scope: Scope) -> int | None:
@@ -38,8 +36,8 @@ def _declared_length(scope: Scope) -> int | None:
     return None
 
 
-async def _refuse(send: Send, limit: int) -> None:
-    body = json.dumps({"detail": _detail(limit)}).encode()
+async def _refuse(send: Send, detail: str) -> None:
+    body = json.dumps({"detail": detail}).encode()
     await send(
         {
             "type": "http.response.start",
@@ -55,11 +53,13 @@ async def _refuse(send: Send, limit: int) -> None:
 
 
 class BodyLimit:
-    """Pure ASGI middleware: HTTP request bodies of at most ``max_bytes``."""
+    """Pure ASGI middleware: HTTP request bodies of at most ``max_bytes``; the 413 names
+    ``setting``, the variable that raises the limit."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, setting: str) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.detail = f"request body larger than {max_bytes} bytes ({setting})"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -67,7 +67,7 @@ class BodyLimit:
             return
         declared = _declared_length(scope)
         if declared is not None and declared > self.max_bytes:
-            await _refuse(send, self.max_bytes)
+            await _refuse(send, self.detail)
             return
         received = 0
         started = False
@@ -78,7 +78,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    raise BodyTooLarge(self.max_bytes)
+                    raise BodyTooLarge(self.detail)
             return message
 
         async def watching_send(message: Message) -> None:
@@ -92,4 +92,4 @@ class BodyLimit:
             # Raised where no route handled it (e.g. a middleware reading the body).
             if started:
                 raise
-            await _refuse(send, self.max_bytes)
+            await _refuse(send, self.detail)
