@@ -14,13 +14,34 @@ import errno
 import os
 import stat
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class SymlinkInPath(OSError):
     """A component that must be a directory is a symlink (perhaps swapped in just now)."""
+
+
+class NotRelative(ValueError):
+    """A path a user or model gave that is not a clean path below the workspace."""
+
+
+def relative_path(path: str) -> PurePosixPath:
+    """``path`` as a clean relative path, or ``NotRelative`` naming it and why.
+
+    The first check on any path from outside (the tools, the gateway's file browser): no
+    NUL, not absolute (nor a backslash-rooted one), no ``..``. ``PurePosixPath`` drops ``.``
+    and empty components, so ``./a//b/`` is ``a/b``.
+    """
+    if "\x00" in path:
+        raise NotRelative(f"path contains a NUL byte: {path!r}")
+    if path.startswith(("/", "\\")) or PurePosixPath(path).is_absolute():
+        raise NotRelative(f"expected a path relative to the workspace, got {path!r}")
+    pure = PurePosixPath(path)
+    if ".." in pure.parts:
+        raise NotRelative(f"'..' is not allowed in workspace paths, got {path!r}")
+    return pure
 
 
 def is_symlink_at(dir_fd: int, name: str) -> bool:

@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from services.gateway.errors import BadInput, NotFound
-from shared.safe_paths import SymlinkInPath, open_dirs_at, open_root
+from shared.safe_paths import NotRelative, SymlinkInPath, open_dirs_at, open_root, relative_path
 from shared.workspace_paths import workspace_dir
 
 MAX_ENTRIES = 2000  # a directory listing stops here (``truncated``)
@@ -62,14 +62,10 @@ class FileContent(BaseModel):
 
 
 def _relative(path: str) -> PurePosixPath:
-    if "\x00" in path:
-        raise BadInput(f"path contains a NUL byte: {path!r}")
-    if path.startswith(("/", "\\")) or PurePosixPath(path).is_absolute():
-        raise BadInput(f"expected a path relative to the workspace, got {path!r}")
-    pure = PurePosixPath(path)
-    if ".." in pure.parts:
-        raise BadInput(f"'..' is not allowed in workspace paths, got {path!r}")
-    return pure
+    try:
+        return relative_path(path)
+    except NotRelative as exc:
+        raise BadInput(str(exc)) from None
 
 
 def _refused(exc: OSError, path: str) -> Exception:

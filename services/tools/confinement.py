@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from services.tools.registry import ToolError
-from shared.safe_paths import DIR_FLAGS, SymlinkInPath, open_dir_at
+from shared.safe_paths import DIR_FLAGS, NotRelative, SymlinkInPath, open_dir_at, relative_path
 from shared.workspace_paths import PathOutsideWorkspace
 
 # O_NONBLOCK: opening a FIFO someone left in the workspace must not hang the worker.
@@ -50,14 +50,10 @@ class Confined:
 
 def check_relative(path: str) -> PurePosixPath:
     """``path`` as a clean relative path, or ``PathOutsideWorkspace`` naming it."""
-    if "\x00" in path:
-        raise PathOutsideWorkspace(f"path contains a NUL byte: {path!r}")
-    if path.startswith(("/", "\\")) or PurePosixPath(path).is_absolute():
-        raise PathOutsideWorkspace(f"expected a path relative to the workspace, got {path!r}")
-    pure = PurePosixPath(path)
-    if ".." in pure.parts:
-        raise PathOutsideWorkspace(f"'..' is not allowed in workspace paths, got {path!r}")
-    return pure  # PurePosixPath drops '.' and empty components: "./a//b/" is "a/b"
+    try:
+        return relative_path(path)
+    except NotRelative as exc:
+        raise PathOutsideWorkspace(str(exc)) from None
 
 
 def confine(workspace: Path, path: str) -> Confined:
