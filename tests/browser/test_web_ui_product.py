@@ -77,6 +77,10 @@ def test_ten_turns_keyboard_urls_and_a_phone(
     expect(page.get_by_role("button", name="Cancel turn")).to_be_disabled()
     expect(page.get_by_role("button", name="Log out")).to_be_visible()
     expect(page.get_by_role("tab", name="Files")).to_be_visible()
+    # The new-workspace field checks names as the server does (its pattern compiles).
+    page.fill("#workspace-name", "no spaces allowed")
+    assert not page.eval_on_selector("#workspace-name", "e => e.checkValidity()")
+    page.fill("#workspace-name", "")
 
     # Shift+Enter is a new line; Enter sends.
     page.click("#text")
