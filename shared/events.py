@@ -27,7 +27,8 @@ EventKind = Literal[
 
 ToolCallStatus = Literal["ok", "error", "timeout", "denied", "cancelled", "lost"]
 TurnStatus = Literal["completed", "cancelled", "failed", "step_limit"]
-ProposalStatus = Literal["pending", "applied", "rejected", "conflict", "expired"]
+# "cancelled": withdrawn because the turn that proposed it was cancelled (added).
+ProposalStatus = Literal["pending", "applied", "rejected", "conflict", "expired", "cancelled"]
 FileOperation = Literal["create", "update", "delete"]
 
 OUTPUT_PREVIEW_BYTES = 4096  # PROTOCOL.md: tool_call_finished carries at most 4 KiB of output
@@ -95,7 +96,8 @@ class ToolCallFinished(_Data):
     status: ToolCallStatus
     output: str
     error: str | None = None
-    duration_ms: int
+    duration_ms: int  # how long it ran (0: it never ran)
+    waited_ms: int = 0  # how long it waited for a human's decision before that
 
 
 class ProposalFileRef(BaseModel):

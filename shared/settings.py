@@ -145,6 +145,16 @@ class ToolsSettings(_NeedsInternalToken):
     sandbox_open_files: int = 64
     sandbox_processes: int = 32
     sandbox_output_bytes: int = 32 * 1024
+    # run_python sees a read-only copy of the conversation's workspace at /workspace, at most
+    # this much of it (docs/tools.md); the copy is made per run.
+    sandbox_workspace_mb: int = Field(default=256, ge=0)
+    # web_fetch (services/tools/web_fetch.py): at most this much of a page, this long in all.
+    web_fetch_max_bytes: int = Field(default=2 * 1024 * 1024, gt=0)
+    web_fetch_timeout_s: float = Field(default=20.0, gt=0)
+    # Entries no tool shows the model (services/tools/denylist.py); '[]' turns it off.
+    secret_denylist: list[str] = Field(
+        default_factory=lambda: [".env", ".env.*", "*.pem", "*.key", "id_*", ".git/"]
+    )
 
 
 class ProposalsSettings(_NeedsInternalToken):

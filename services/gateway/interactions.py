@@ -120,6 +120,7 @@ async def client_tool_result(
             "output": preview,
             "error": "the client reported an error" if is_error else None,
             "duration_ms": duration_ms,
+            "waited_ms": 0,  # a client tool needs no decision
         },
         turn_id,
     )

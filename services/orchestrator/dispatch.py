@@ -84,6 +84,8 @@ class CeleryDispatcher:
                 )
 
     def revoke(self, call_ids: Sequence[str]) -> None:
-        """Revoke calls not yet started; a running one ends by its own time limit."""
+        """Revoke calls not yet started, and stop running ones: the worker's main process
+        sends SIGTERM to the pool process running each, which stops the call and tears its
+        sandbox down (``services/tools/termination.py``)."""
         if call_ids:
-            self.app.control.revoke(list(call_ids))
+            self.app.control.revoke(list(call_ids), terminate=True, signal="SIGTERM")

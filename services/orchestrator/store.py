@@ -12,12 +12,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Table, func, select, update
+from sqlalchemy import CursorResult, Table, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.orchestrator.model import ToolUse
 from services.orchestrator.transcript import OPEN_CALL_STATUSES
-from shared.db.models import Conversation, Message, ToolCall, Turn, as_utc
+from shared.db.models import (
+    Conversation,
+    Message,
+    Proposal,
+    ToolCall,
+    Turn,
+    as_utc,
+)
 from shared.ids import new_id
 
 FINISHED_TURN_STATUSES = frozenset({"completed", "cancelled", "failed", "step_limit"})
@@ -340,6 +347,38 @@ class EndedCall:
     output: str | None
     error: str | None
     duration_ms: int | None
+    waited_ms: int = 0
+
+
+def _asked_at(s: Session, message_id: str) -> datetime | None:
+    """When a call's step was stored: the moment a call needing a decision began to wait."""
+    return s.scalar(select(Message.created_at).where(Message.id == message_id))
+
+
+def _waited_ms(
+    s: Session,
+    message_id: str,
+    decision: str | None,
+    started_at: datetime | None,
+    expires_at: datetime | None,
+    now: datetime,
+) -> int:
+    """How long a call waited for a human's decision before it ran (or ended): 0 if it never
+    needed one. A call that needed one has a ``decision``, or, still undecided, an
+    ``expires_at`` and no ``started_at`` (a waiting client call has both)."""
+    if decision is None and (expires_at is None or started_at is not None):
+        return 0
+    asked = _asked_at(s, message_id)
+    if asked is None:
+        return 0
+    return _elapsed_ms(asked, as_utc(started_at) if started_at else now)
+
+
+def decision_wait_ms(sessions: Sessions, call: ToolCall) -> int:
+    """``waited_ms`` of a call that ended at its decision (denied, or expired undecided)."""
+    with sessions() as s:
+        end = as_utc(call.finished_at) if call.finished_at else utcnow()
+        return _waited_ms(s, call.message_id, call.decision or "?", None, None, end)
 
 
 _calls = cast(Table, ToolCall.__table__)
@@ -360,7 +399,7 @@ def record_results(sessions: Sessions, rows: Sequence[ResultRow]) -> list[EndedC
             if duration_ms is None:
                 started = s.scalar(select(_calls.c.started_at).where(_calls.c.id == row.call_id))
                 duration_ms = _elapsed_ms(started, now)
-            tool = s.execute(
+            done = s.execute(
                 update(_calls)
                 .where(_calls.c.id == row.call_id, _calls.c.status.in_(OPEN_CALL_STATUSES))
                 .values(
@@ -370,11 +409,21 @@ def record_results(sessions: Sessions, rows: Sequence[ResultRow]) -> list[EndedC
                     duration_ms=duration_ms,
                     finished_at=now,
                 )
-                .returning(_calls.c.tool)
-            ).scalar_one_or_none()
-            if tool is not None:
+                .returning(
+                    _calls.c.tool,
+                    _calls.c.message_id,
+                    _calls.c.decision,
+                    _calls.c.started_at,
+                    _calls.c.expires_at,
+                )
+            ).one_or_none()
+            if done is not None:
+                tool, message_id, decision, started_at, expires_at = done
+                waited = _waited_ms(s, message_id, decision, started_at, expires_at, now)
                 ended.append(
-                    EndedCall(row.call_id, tool, row.status, row.output, row.error, duration_ms)
+                    EndedCall(
+                        row.call_id, tool, row.status, row.output, row.error, duration_ms, waited
+                    )
                 )
     return ended
 
@@ -429,6 +478,35 @@ def finish_turn(
             .values(status="cancelled", error=f"its parent turn ended ({status})")
         )
         return turn
+
+
+def withdraw_proposals(sessions: Sessions, turn_id: str) -> list[str]:
+    """Pending proposals of a cancelled turn (and of its spawn_agent children) → ``cancelled``.
+
+    Conditional on ``pending``, like every decision: an approval that won first stands. The
+    proposals service refuses new ones for a cancelled turn (``_refuse_if_cancelled``), so
+    after this nothing the turn started can take effect.
+    """
+    children = select(Turn.id).where(
+        Turn.parent_call_id.in_(select(ToolCall.id).where(ToolCall.turn_id == turn_id))
+    )
+    with sessions() as s, s.begin():
+        rows = s.execute(
+            update(Proposal)
+            .where(
+                or_(Proposal.turn_id == turn_id, Proposal.turn_id.in_(children)),
+                Proposal.status == "pending",
+            )
+            .values(
+                status="cancelled",
+                version=Proposal.version + 1,
+                decided_at=utcnow(),
+                reason="withdrawn: the turn that proposed it was cancelled",
+            )
+            .returning(Proposal.id)
+            .execution_options(synchronize_session=False)
+        )
+        return sorted(rows.scalars())
 
 
 # -- calls that wait for a human or a client -----------------------------------------------

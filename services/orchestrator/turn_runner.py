@@ -74,8 +74,10 @@ class TurnRunner:
             data = {**data, "parent_call_id": self.info.parent_call_id}
         return self.rt.events.append(self.info.conversation_id, kind, data, self.info.turn_id)
 
-    def finished(self, call: ToolCall | store.EndedCall) -> None:
-        """Announce a call that reached its final status."""
+    def finished(self, call: ToolCall | store.EndedCall, waited_ms: int | None = None) -> None:
+        """Announce a call that reached its final status (``waited_ms``: for a decision)."""
+        if waited_ms is None:
+            waited_ms = call.waited_ms if isinstance(call, store.EndedCall) else 0
         self.emit(
             "tool_call_finished",
             {
@@ -85,6 +87,7 @@ class TurnRunner:
                 "output": preview(call.output or ""),
                 "error": call.error,
                 "duration_ms": call.duration_ms or 0,
+                "waited_ms": waited_ms,
             },
         )
 
@@ -205,12 +208,12 @@ class TurnRunner:
         decided = store.apply_decision(self.rt.sessions, call.id)
         if decided is not None:
             if decided.status == "denied":
-                self.finished(decided)
+                self.finished(decided, store.decision_wait_ms(self.rt.sessions, decided))
             return
         expired = store.expire_decision(self.rt.sessions, call.id)
         if expired is not None:
             self.emit("tool_call_decided", {"call_id": call.id, "decision": "expired"})
-            self.finished(expired)
+            self.finished(expired, store.decision_wait_ms(self.rt.sessions, expired))
 
     def _maybe_expire_waiting(self, call: ToolCall) -> None:
         who = "the human" if call.executor == INLINE else "the client"
@@ -233,6 +236,10 @@ class TurnRunner:
                 self.rt.dispatcher.revoke(in_flight)
             except Exception:  # revoking is best effort; the calls are already recorded
                 log.warning("turn %s: could not revoke %s", self.info.turn_id, in_flight)
+        if status == "cancelled":
+            # After the revoke: a write call stopped just now made its proposal, or not.
+            for proposal_id in store.withdraw_proposals(self.rt.sessions, self.info.turn_id):
+                self.emit("proposal_resolved", {"proposal_id": proposal_id, "status": "cancelled"})
         turn = store.finish_turn(
             self.rt.sessions,
             self.info.turn_id,

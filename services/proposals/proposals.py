@@ -16,7 +16,7 @@ from services.proposals.errors import BadProposal, Conflict, NotFound
 from services.proposals.ownership import owned_conversation
 from services.proposals.schemas import CreateProposal
 from shared.db import Conversation, Outbox, Proposal, ProposalFile
-from shared.db.models import as_utc
+from shared.db.models import ToolCall, Turn, as_utc
 from shared.ids import new_id
 from shared.proposals_api import ProposalPublic
 
@@ -139,12 +139,40 @@ def _file_rows(
     return rows
 
 
+MAX_TURN_DEPTH = 8  # spawn_agent children nest; deeper than this is not a real turn
+
+
+def _refuse_if_cancelled(session: Session, turn_id: str | None) -> None:
+    """``Conflict`` (reason ``turn_cancelled``) when the proposing turn, or the turn that
+    spawned it, was cancelled: nothing a cancelled turn started may be proposed after.
+
+    The turn row is read ``FOR UPDATE`` (PostgreSQL): a cancel committed while this proposal
+    commits waits for it, so the orchestrator, which withdraws the turn's pending proposals
+    after the cancel, sees this one. SQLite serialises writers anyway.
+    """
+    for _ in range(MAX_TURN_DEPTH):
+        if turn_id is None:
+            return
+        turn = session.scalars(select(Turn).where(Turn.id == turn_id).with_for_update()).first()
+        if turn is None:
+            return
+        if turn.cancel_requested or turn.status == "cancelled":
+            raise Conflict(
+                f"turn {turn_id!r} was cancelled; nothing is proposed for it",
+                reason="turn_cancelled",
+            )
+        if turn.parent_call_id is None:
+            return
+        turn_id = session.scalar(select(ToolCall.turn_id).where(ToolCall.id == turn.parent_call_id))
+
+
 def create(ctx: ServiceContext, request: CreateProposal) -> Proposal:
     """Store a new pending proposal and queue its ``proposal_created`` event."""
     with ctx.sessions() as session:
         conv = owned_conversation(
             session, request.user_id, request.conversation_id, request.workspace
         )
+        _refuse_if_cancelled(session, request.turn_id)
         if request.call_id is not None:
             # A redelivered tool call gets the proposal it already made, not a second one.
             existing = session.scalars(

@@ -12,8 +12,10 @@ after bwrap has set everything up:
   worker runs on (``sys.base_prefix``, read-only) when it is outside ``/usr``; a fresh
   ``/proc`` of the run's pid namespace; a minimal ``/dev``; ``/tmp`` (the scratch directory,
   also ``HOME`` and the working directory) and ``/dev/shm`` as private tmpfs sized to the
-  run's memory; the program at ``/sandbox/main.py``, read-only. No workspace, no var
-  directory, no virtualenv, no repository: nothing of the deployment;
+  run's memory; the program at ``/sandbox/main.py``, read-only; at ``/workspace`` (the
+  working directory) a read-only copy of the conversation's own workspace
+  (``workspace_view.py``). No other workspace, no var directory, no virtualenv, no
+  repository: nothing else of the deployment;
 - identity: a uid/gid of its own, no supplementary groups, no capabilities (bounding set
   emptied), ``no_new_privs``; bwrap's own init (pid 1 of the run) stays root, so the program
   cannot read its ``/proc/1/environ`` (which is empty anyway);
@@ -34,6 +36,7 @@ from pathlib import Path
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/alternatives")
 SCRATCH = "/tmp"
+WORKSPACE = "/workspace"  # the read-only copy of the conversation's workspace, and the cwd
 PROGRAM = "/sandbox/main.py"
 HOSTNAME = "sandbox"
 SAFE_ENV = {
@@ -114,9 +117,15 @@ def _mkdirs(path: Path, made: set[Path]) -> list[str]:
 
 
 def command(
-    bwrap: str, python: Interpreter, program_fd: int, uid: int, scratch_bytes: int
+    bwrap: str,
+    python: Interpreter,
+    program_fd: int,
+    uid: int,
+    scratch_bytes: int,
+    workspace: Path | None = None,
 ) -> list[str]:
-    """The argv that runs the program read from ``program_fd`` confined, as ``uid``."""
+    """The argv that runs the program read from ``program_fd`` confined, as ``uid``, with
+    ``workspace`` (a directory) bound read-only at ``WORKSPACE``."""
     made: set[Path] = set()
     args = [
         bwrap,
@@ -143,7 +152,10 @@ def command(
     args += ["--perms", "1777", "--size", size, "--tmpfs", SCRATCH]
     args += _mkdirs(Path(PROGRAM).parent, made)
     args += ["--perms", "0444", "--ro-bind-data", str(program_fd), PROGRAM]
-    args += ["--remount-ro", "/", "--chdir", SCRATCH, "--clearenv"]
+    if workspace is not None:
+        args += ["--ro-bind", str(workspace), WORKSPACE]
+    cwd = SCRATCH if workspace is None else WORKSPACE
+    args += ["--remount-ro", "/", "--chdir", cwd, "--clearenv"]
     for name, value in SAFE_ENV.items():
         args += ["--setenv", name, value]
     args += [

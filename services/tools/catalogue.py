@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 
 import redis
 
-from services.tools import plugins, sandbox, workspace_tools
+from services.tools import clock, plugins, sandbox, web_fetch, workspace_tools
 from services.tools.registry import Registry
 from shared.redis_keys import RedisKeys
 from shared.settings import ToolsSettings
@@ -32,7 +32,7 @@ def load_tools(environ: Mapping[str, str] = os.environ, with_sandbox: bool = Tru
     ``with_sandbox=False`` (``SIGNALBOX_SANDBOX=off``) leaves ``run_python`` out altogether:
     where the sandbox cannot hold, the tool is not offered rather than run unconfined.
     """
-    registries = [workspace_tools.registry]
+    registries = [workspace_tools.registry, web_fetch.registry, clock.registry]
     if with_sandbox:
         registries.append(sandbox.registry)
     if environ.get(TEST_TOOLS_ENV) == "1":

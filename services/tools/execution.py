@@ -8,6 +8,7 @@ redelivered call of a non-idempotent tool, which is skipped because it already r
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
@@ -21,7 +22,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import ValidationError
 
 from services.tools.proposals_client import make_client
-from services.tools.registry import Registry, ToolContext, ToolError, ToolOutput
+from services.tools.registry import Registry, ToolContext, ToolError, ToolOutput, ToolTimeout
 from shared.redis_keys import RedisKeys
 from shared.settings import ToolsSettings
 from shared.tool_contract import ToolCallRequest, ToolResult, publish_result
@@ -119,6 +120,8 @@ def execute(request: ToolCallRequest, context: ToolContext, registry: Registry) 
     except SoftTimeLimitExceeded:
         status = "timeout"
         error = f"{request.tool} exceeded its time limit of {request.timeout_s:g} s"
+    except ToolTimeout as exc:  # a tool that stops itself at its limit (run_python's sandbox)
+        status, error = "timeout", str(exc)
     except (ToolError, PathOutsideWorkspace) as exc:
         status, error = "error", str(exc)
     except Exception as exc:  # a tool bug must not crash the task: the model gets the error
@@ -129,7 +132,8 @@ def execute(request: ToolCallRequest, context: ToolContext, registry: Registry) 
         status=status,
         output=cap_output(output),
         error=error,
-        duration_ms=int((time.monotonic() - started) * 1000),
+        # Rounded up: a call that ran took time, even under a millisecond.
+        duration_ms=math.ceil((time.monotonic() - started) * 1000),
         extra=extra,
     )
 
@@ -170,6 +174,26 @@ def report_killed(raw: Mapping[str, Any], deps: Deps, limit_s: float) -> ToolRes
         status="timeout",
         error=f"{request.tool} was stopped at its hard time limit of {limit_s:g} s",
         duration_ms=int(limit_s * 1000),
+    )
+    publish_result(deps.redis, deps.keys, request.turn_id, result)
+    return result
+
+
+def report_stopped(raw: Mapping[str, Any], deps: Deps) -> ToolResult | None:
+    """Publish ``error`` for a call stopped by SIGTERM (``termination``): its turn was
+    cancelled (the orchestrator already ended it ``cancelled`` and ignores this), or its
+    worker is shutting down (the orchestrator hears now instead of at its deadline)."""
+    try:
+        request = ToolCallRequest.model_validate(raw)
+    except ValidationError:
+        return None
+    result = ToolResult(
+        call_id=request.call_id,
+        status="error",
+        error=(
+            f"{request.tool} was stopped before it finished (its turn was cancelled or its "
+            "worker is stopping); it may or may not have taken effect"
+        ),
     )
     publish_result(deps.redis, deps.keys, request.turn_id, result)
     return result

@@ -20,7 +20,7 @@ from mcp import Client, StdioServerParameters
 from mcp.types import CallToolResult, TextContent
 from pydantic import BaseModel, ConfigDict
 
-from services.tools.registry import Registry, Tool, ToolContext, ToolError
+from services.tools.registry import Registry, Tool, ToolContext, ToolError, ToolTimeout
 from shared.settings import McpServerSettings
 from shared.tool_contract import ToolSpec
 
@@ -94,7 +94,7 @@ def _caller(server_name: str, server: McpServerSettings, tool: str) -> Any:
         try:
             result = anyio.run(call_tool, server, tool, dict(args.model_extra or {}), limit)
         except TimeoutError:
-            raise ToolError(
+            raise ToolTimeout(
                 f"MCP server {server_name!r} did not answer {tool!r} within {limit:g} s"
             ) from None
         except OSError as exc:

@@ -48,6 +48,14 @@ def _detail(response: httpx.Response) -> str:
     return str(body)[:500]
 
 
+def _reason(response: httpx.Response) -> str | None:
+    try:
+        body: Any = response.json()
+    except ValueError:
+        return None
+    return body.get("reason") if isinstance(body, dict) else None
+
+
 def propose(ctx: ToolContext, summary: str, files: list[FileChange]) -> ToolOutput:
     """Create a proposal for ``files``; the text tells the model it awaits approval."""
     payload = {
@@ -67,6 +75,8 @@ def propose(ctx: ToolContext, summary: str, files: list[FileChange]) -> ToolOutp
         raise ToolError(
             f"the proposals service at {str(ctx.proposals.base_url)!r} did not answer: {exc}"
         ) from None
+    if response.status_code == 409 and _reason(response) == "turn_cancelled":
+        raise ToolError(f"nothing was proposed: {_detail(response)}")
     if response.status_code == 409:
         raise ToolError(
             f"the file changed since it was read; read it again and retry: {_detail(response)}"

@@ -29,6 +29,10 @@ class ToolError(Exception):
     """A failure the model should read and can act on (bad path, no match, conflict)."""
 
 
+class ToolTimeout(ToolError):
+    """The tool stopped its own work at its time limit: the call ends ``timeout``."""
+
+
 @dataclass(frozen=True)
 class ToolOutput:
     """A tool's text plus machine-readable extras (``ToolResult.extra``), e.g. a proposal id."""

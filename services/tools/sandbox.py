@@ -4,9 +4,11 @@ Where each guarantee comes from (docs/tools.md says the same for operators):
 
 - ``bwrap.py``: what the run sees and who it is. Its own mount namespace holding the system's
   read-only directories, the Python install and a private tmpfs scratch, nothing of the
-  deployment (database, logs, workspaces, repository); its own pid namespace with a fresh
-  ``/proc``, so no other process and no other environment is visible; no network (an
-  empty network namespace); a random uid/gid per run, no capabilities, ``no_new_privs``.
+  deployment (database, logs, other workspaces, repository) but a read-only copy of the
+  conversation's own workspace at ``/workspace`` (``workspace_view.py``); its own pid
+  namespace with a fresh ``/proc``, so no other process and no other environment is
+  visible; no network (an empty network namespace); a random uid/gid per run, no
+  capabilities, ``no_new_privs``.
 - ``cgroups.py``: memory (no swap) and processes bounded for the run as a whole, and the
   list of every process of the run, which is how the run is killed.
 - here: rlimits per process (CPU seconds; address space, so one big allocation is a
@@ -42,7 +44,8 @@ from typing import IO
 from pydantic import BaseModel, Field
 
 from services.tools import bwrap, cgroups
-from services.tools.registry import Registry, ToolContext, ToolError
+from services.tools.registry import Registry, ToolContext, ToolError, ToolTimeout
+from services.tools.workspace_view import workspace_view
 from shared.celery_app import SANDBOX_QUEUE
 from shared.settings import ToolsSettings
 
@@ -190,8 +193,13 @@ def _exited_within(process: subprocess.Popen[bytes], timeout_s: float) -> bool:
         os.close(pidfd)
 
 
-def run_sandboxed(code: str, limits: Limits, bwrap_program: str = "bwrap") -> Outcome:
-    """Run ``code`` confined under ``limits``; every process of it is gone on return."""
+def run_sandboxed(
+    code: str, limits: Limits, bwrap_program: str = "bwrap", workspace: Path | None = None
+) -> Outcome:
+    """Run ``code`` confined under ``limits``; every process of it is gone on return.
+
+    ``workspace`` (a directory readable by any uid) is bound read-only at ``/workspace``.
+    """
     try:
         argv0 = bwrap.find(bwrap_program)
         python = bwrap.interpreter()
@@ -212,7 +220,7 @@ def run_sandboxed(code: str, limits: Limits, bwrap_program: str = "bwrap") -> Ou
             tempfile.TemporaryFile() as out,
             tempfile.TemporaryFile() as err,
         ):
-            argv = bwrap.command(argv0, python, program_fd, uid, limits.memory_bytes)
+            argv = bwrap.command(argv0, python, program_fd, uid, limits.memory_bytes, workspace)
             try:
                 process = subprocess.Popen(
                     argv,
@@ -237,6 +245,8 @@ def run_sandboxed(code: str, limits: Limits, bwrap_program: str = "bwrap") -> Ou
             stdout, stdout_bytes = _read_capped(out, limits.output_bytes)
             stderr, stderr_bytes = _read_capped(err, limits.output_bytes)
     finally:
+        # Also when the call is stopped (``termination.CallTerminated``) before the wait.
+        group.kill()
         group.remove()
     exit_code, killed_by = _status(process.returncode)
     return Outcome(
@@ -325,6 +335,11 @@ def _why(outcome: Outcome, limits: Limits) -> str:
         hints.append(f"open files are limited to {limits.open_files}")
     if "Resource temporarily unavailable" in outcome.stderr or "BlockingIOError" in outcome.stderr:
         hints.append(f"processes are limited to {limits.processes}")
+    if "Read-only file system" in outcome.stderr:
+        hints.append(
+            "/workspace (the working directory) is read-only: write scratch files under /tmp, "
+            "and change the workspace with the write tools"
+        )
     if any(sign in outcome.stderr for sign in NO_NETWORK_SIGNS):
         hints.append("the sandbox has no network")
     return f"it exited with status {outcome.exit_code}" + (
@@ -351,9 +366,11 @@ class RunPythonInput(BaseModel):
 @registry.tool(
     name="run_python",
     description=(
-        "Run a Python 3 program in a sandbox: a scratch directory (/tmp, deleted afterwards), "
-        "no network, limited CPU time, memory, file size and processes. Returns what it prints "
-        "(stdout, then stderr). It cannot see the user's workspace; pass data in the code."
+        "Run a Python 3 program (standard library only) in a sandbox. The working directory "
+        "/workspace is a read-only copy of the user's workspace (read files there; changes "
+        "go through the write tools); /tmp is scratch, deleted afterwards; no network; "
+        "limited CPU time, memory, file size and processes. Returns what it prints "
+        "(stdout, then stderr)."
     ),
     timeout_s=30,
     queue=SANDBOX_QUEUE,
@@ -362,11 +379,21 @@ class RunPythonInput(BaseModel):
 )
 def run_python(args: RunPythonInput, ctx: ToolContext) -> str:
     """Run ``args.code`` sandboxed; a failed run is a ``ToolError`` saying why."""
-    limits = Limits.from_settings(ctx.settings, max(1.0, ctx.timeout_s - WALL_MARGIN_S))
-    outcome = run_sandboxed(args.code, limits, ctx.settings.sandbox_bwrap)
+    started = time.monotonic()
+    ctx.workspace.mkdir(parents=True, exist_ok=True)
+    settings = ctx.settings
+    budget = settings.sandbox_workspace_mb * 1024 * 1024
+    with workspace_view(ctx.workspace, settings.secret_denylist, budget) as view:
+        # The copy's time counts against the call's limit: the wall clock is what is left.
+        left = ctx.timeout_s - WALL_MARGIN_S - (time.monotonic() - started)
+        limits = Limits.from_settings(settings, max(1.0, left))
+        outcome = run_sandboxed(args.code, limits, settings.sandbox_bwrap, view.directory)
+    note = view.note()
+    shown = render(outcome) + (f"\n{note}" if note else "")
     if outcome.exit_code == 0 and not outcome.timed_out and not outcome.oom_kills:
-        return render(outcome)
-    raise ToolError(f"run_python failed: {_why(outcome, limits)}\n{render(outcome)}")
+        return shown
+    failure = f"run_python failed: {_why(outcome, limits)}\n{shown}"
+    raise ToolTimeout(failure) if outcome.timed_out else ToolError(failure)
 
 
 def main() -> int:

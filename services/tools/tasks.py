@@ -9,7 +9,8 @@ from celery import Task
 from celery.exceptions import TimeLimitExceeded
 from celery.signals import worker_process_init, worker_ready
 
-from services.tools.execution import Deps, report_killed, run_call
+from services.tools import termination
+from services.tools.execution import Deps, report_killed, report_stopped, run_call
 from services.tools.worker import app, registry, settings
 from shared.celery_app import RUN_TOOL_TASK
 
@@ -28,6 +29,7 @@ def deps() -> Deps:
 def _connect(**_: Any) -> None:
     # Connect before the first task: its time limit should not pay for the set-up.
     deps()
+    termination.install()
 
 
 @worker_ready.connect
@@ -49,6 +51,14 @@ class ToolTask(Task):  # type: ignore[type-arg]
 
 @app.task(name=RUN_TOOL_TASK, base=ToolTask)
 def run_tool(request: dict[str, Any]) -> str:
-    """Run one tool call and publish its result; returns the status, or "skipped"."""
-    result = run_call(request, deps())
+    """Run one tool call and publish its result; returns the status, "skipped" for a
+    redelivery, or "terminated" when its turn's cancel stopped it (``termination``)."""
+    try:
+        with termination.running_call():
+            result = run_call(request, deps())
+    except BaseException as exc:
+        if not termination.stopped(exc):
+            raise
+        report_stopped(request, deps())
+        return "terminated"  # acknowledged: a stopped call is not delivered again
     return "skipped" if result is None else result.status

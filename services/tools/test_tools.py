@@ -5,7 +5,8 @@ limit; ``block`` blocks inside C (``time.sleep``, ``select``, a socket ``recv``)
 with every signal blocked, as a C extension that never returns to Python would;
 ``count_calls`` increments a Redis counter so tests can count how often a call really ran
 (redelivery, claims), and can then stay busy (``hold_s``) so a non-idempotent call is in
-flight when a test kills something; ``sleep`` counts too when given ``count_key``.
+flight when a test kills something; ``sleep`` counts too when given ``count_key``;
+``propose_later`` proposes a file after a wait it cannot be stopped in (a late write).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Literal
 from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import BaseModel, Field
 
-from services.tools.registry import Registry, ToolContext
+from services.tools.proposals_client import FileChange, propose
+from services.tools.registry import Registry, ToolContext, ToolOutput
 from shared.redis_keys import RedisKeys
 
 registry = Registry()
@@ -116,3 +118,40 @@ def block(args: BlockInput, ctx: ToolContext) -> str:
             with contextlib.suppress(TimeoutError):
                 left.recv(1)  # nothing is ever sent
     return f"blocked {args.seconds:g} s in {args.how}"
+
+
+class ProposeLaterInput(BaseModel):
+    """Input of ``propose_later``."""
+
+    path: str = Field(max_length=200)
+    content: str = Field(max_length=10_000)
+    seconds: float = Field(ge=0, le=60, description="how long to wait before proposing")
+    started_key: str = Field(
+        max_length=200, description="a counter: 1 once it waits, 2 once it tried to propose"
+    )
+
+
+@registry.tool(
+    name="propose_later",
+    description=(
+        "TEST ONLY: with SIGTERM blocked (a call that cannot be stopped at once), wait, then "
+        "propose writing a file, as a write_file still in flight when its turn is cancelled."
+    ),
+    timeout_s=20,
+    side_effect="propose",
+)
+def propose_later(args: ProposeLaterInput, ctx: ToolContext) -> str | ToolOutput:
+    """Wait ``args.seconds`` deaf to SIGTERM, then propose ``args.path``."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        ctx.redis.incr(counter_key(ctx.keys, args.started_key))
+        time.sleep(args.seconds)
+        change = FileChange(
+            path=args.path, operation="create", after=args.content, before_sha256=None
+        )
+        try:
+            return propose(ctx, f"create {args.path}", [change])
+        finally:
+            ctx.redis.incr(counter_key(ctx.keys, args.started_key))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)

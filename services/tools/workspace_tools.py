@@ -1,4 +1,4 @@
-"""The workspace tools every deployment has: list, read, search, and the three write tools.
+"""The workspace tools every deployment has: list, read, search, and the write tools.
 
 Reads go through ``confinement`` (never following a symlink out of the workspace); writes
 never touch the workspace at all: they create a proposal that a human approves.
@@ -7,9 +7,10 @@ never touch the workspace at all: they create a proposal that a human approves.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import PurePosixPath
 
 from pydantic import BaseModel, Field, model_validator
@@ -23,8 +24,10 @@ from services.tools.confinement import (
     open_file_at,
     open_subdirectory,
 )
+from services.tools.denylist import denied
 from services.tools.proposals_client import FileChange, propose, sha256_hex
 from services.tools.registry import Registry, ToolContext, ToolError, ToolOutput
+from shared.proposals_api import MAX_FILES as MAX_PROPOSAL_FILES
 
 registry = Registry()
 
@@ -35,6 +38,8 @@ SEARCH_FILE_MAX_BYTES = 1024 * 1024  # bigger files are skipped by search (logs,
 SEARCH_LINE_MAX_CHARS = 300  # each matching line is cut to this in the output
 EDIT_MAX_BYTES = 4 * 1024 * 1024  # a proposal carries the file before and after
 SKIPPED_DIRS = frozenset({".git"})  # walked by no tool: large, and never what the model wants
+# Secret files (``settings.secret_denylist``, ``denylist.py``) are refused by name and left
+# out of every listing and search: the model never learns their content.
 
 
 def _is_binary(head: bytes) -> bool:
@@ -47,8 +52,19 @@ def _workspace(ctx: ToolContext) -> None:
 
 
 def _here(ctx: ToolContext, path: str) -> Confined:
+    """``path`` confined to the workspace; a path the denylist hides is refused (whether it
+    exists or not, so the refusal tells nothing)."""
     _workspace(ctx)
-    return confine(ctx.workspace, path)
+    where = confine(ctx.workspace, path)
+    if where.relative.parts:
+        is_dir = os.path.isdir(where.absolute) and not os.path.islink(where.absolute)
+        pattern = denied(where.relative, is_dir, ctx.settings.secret_denylist)
+        if pattern is not None:
+            raise ToolError(
+                f"{path!r} is hidden from tools by this deployment's secret denylist "
+                f"({pattern!r}); ask the user if you need it"
+            )
+    return where
 
 
 def _join(base: PurePosixPath, name: str) -> str:
@@ -65,13 +81,15 @@ class ListDirInput(BaseModel):
     depth: int = Field(1, ge=1, le=MAX_LIST_DEPTH, description="how many levels to descend")
 
 
-def _list(fd: int, base: PurePosixPath, depth: int, out: list[str]) -> bool:
+def _list(fd: int, base: PurePosixPath, depth: int, out: list[str], hidden: Sequence[str]) -> bool:
     """Append entries under ``fd`` to ``out``; False once ``MAX_LIST_ENTRIES`` is reached."""
     with os.scandir(fd) as it:
         entries = sorted(it, key=lambda e: e.name)
     for entry in entries:
         if len(out) >= MAX_LIST_ENTRIES:
             return False
+        if denied(base / entry.name, entry.is_dir(follow_symlinks=False), hidden) is not None:
+            continue
         rel = _join(base, entry.name)
         if entry.is_symlink():
             out.append(f"{rel}@ (symlink, not followed)")
@@ -81,7 +99,7 @@ def _list(fd: int, base: PurePosixPath, depth: int, out: list[str]) -> bool:
                 sub = open_subdirectory(fd, entry.name)
                 if sub is not None:
                     try:
-                        if not _list(sub, base / entry.name, depth - 1, out):
+                        if not _list(sub, base / entry.name, depth - 1, out, hidden):
                             return False
                     finally:
                         os.close(sub)
@@ -108,7 +126,7 @@ def list_dir(args: ListDirInput, ctx: ToolContext) -> str:
     where = _here(ctx, args.path)
     out: list[str] = []
     with open_directory(where) as fd:
-        complete = _list(fd, where.relative, args.depth, out)
+        complete = _list(fd, where.relative, args.depth, out, ctx.settings.secret_denylist)
     if not out:
         return f"{where.display}: empty directory"
     if not complete:
@@ -201,12 +219,15 @@ class SearchFilesInput(BaseModel):
     glob: str | None = Field(None, description="only files matching this glob, e.g. '*.py'")
 
 
-def _files(fd: int, base: PurePosixPath) -> Iterator[tuple[int, str, str]]:
-    """(directory fd, name, relative path) of every regular file under ``fd``, no symlinks."""
+def _files(fd: int, base: PurePosixPath, hidden: Sequence[str]) -> Iterator[tuple[int, str, str]]:
+    """(directory fd, name, relative path) of every regular file under ``fd``, no symlinks,
+    none the denylist hides."""
     with os.scandir(fd) as it:
         entries = sorted(it, key=lambda e: e.name)
     for entry in entries:
         if entry.is_symlink():
+            continue
+        if denied(base / entry.name, entry.is_dir(follow_symlinks=False), hidden) is not None:
             continue
         if entry.is_dir(follow_symlinks=False):
             if entry.name in SKIPPED_DIRS:
@@ -215,7 +236,7 @@ def _files(fd: int, base: PurePosixPath) -> Iterator[tuple[int, str, str]]:
             if sub is None:
                 continue
             try:
-                yield from _files(sub, base / entry.name)
+                yield from _files(sub, base / entry.name, hidden)
             finally:
                 os.close(sub)
         elif entry.is_file(follow_symlinks=False):
@@ -262,7 +283,7 @@ def search_files(args: SearchFilesInput, ctx: ToolContext) -> str:
             _search_file(data, where.display, regex, out, limit)
     else:
         with open_directory(where) as fd:
-            for dir_fd, name, rel in _files(fd, where.relative):
+            for dir_fd, name, rel in _files(fd, where.relative, ctx.settings.secret_denylist):
                 if len(out) > limit:
                     break
                 if not _wanted(rel, args.glob):
@@ -409,3 +430,87 @@ def delete_file(args: DeleteFileInput, ctx: ToolContext) -> str | ToolOutput:
         digest = sha256_hex(handle.read())
     change = FileChange(path=where.display, operation="delete", after=None, before_sha256=digest)
     return propose(ctx, f"delete {where.display}", [change])
+
+
+class DeleteDirectoryInput(BaseModel):
+    """Input of ``delete_directory``."""
+
+    path: str = Field(description="directory relative to the workspace root")
+    recursive: bool = Field(
+        False, description="also delete its subdirectories and everything in them"
+    )
+
+
+def _tree(
+    fd: int, base: PurePosixPath, recursive: bool, hidden: Sequence[str], out: list[FileChange]
+) -> None:
+    """Append a delete of every file under ``fd``; refuse what a proposal cannot delete."""
+    with os.scandir(fd) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for entry in entries:
+        rel = base / entry.name
+        is_dir = entry.is_dir(follow_symlinks=False)
+        if denied(rel, is_dir, hidden) is not None:
+            raise ToolError(
+                f"{str(base)!r} holds files hidden from tools; ask the user to delete it"
+            )
+        if entry.is_symlink() or not (is_dir or entry.is_file(follow_symlinks=False)):
+            raise ToolError(
+                f"{str(rel)!r} is a symlink or special file; a proposal cannot delete it"
+            )
+        if is_dir:
+            if not recursive:
+                raise ToolError(
+                    f"{str(base)!r} has subdirectories ({entry.name!r}); pass recursive=true to "
+                    "delete them and everything in them"
+                )
+            sub = open_subdirectory(fd, entry.name)
+            if sub is None:
+                raise ToolError(f"{str(rel)!r} changed while it was read; try again")
+            try:
+                _tree(sub, rel, recursive, hidden, out)
+            finally:
+                os.close(sub)
+            continue
+        if len(out) >= MAX_PROPOSAL_FILES:
+            raise ToolError(
+                f"{str(base)!r} holds more than {MAX_PROPOSAL_FILES} files: too many for one "
+                "proposal; delete its subdirectories one by one"
+            )
+        opened = open_file_at(fd, entry.name)
+        if opened is None:
+            raise ToolError(f"{str(rel)!r} changed while it was read; try again")
+        digest = hashlib.sha256()
+        with opened:
+            while chunk := opened.read(1024 * 1024):
+                digest.update(chunk)
+        out.append(
+            FileChange(
+                path=str(rel), operation="delete", after=None, before_sha256=digest.hexdigest()
+            )
+        )
+
+
+@registry.tool(
+    name="delete_directory",
+    description=(
+        "Delete a directory and the files in it; with recursive=true also its subdirectories. "
+        "Creates a proposal listing every file removed, which a human approves."
+    ),
+    timeout_s=20,
+    side_effect="propose",
+)
+def delete_directory(args: DeleteDirectoryInput, ctx: ToolContext) -> str | ToolOutput:
+    """Propose deleting every file under ``args.path`` (subdirectories only if recursive)."""
+    where = _here(ctx, args.path)
+    if not where.relative.parts:
+        raise ToolError("refusing to delete the whole workspace; name a directory in it")
+    if not _is_dir(where):
+        raise ToolError(f"expected a directory, got a file or nothing: {args.path!r}")
+    changes: list[FileChange] = []
+    with open_directory(where) as fd:
+        _tree(fd, where.relative, args.recursive, ctx.settings.secret_denylist, changes)
+    if not changes:
+        raise ToolError(f"{where.display!r} holds no files: there is nothing a proposal can delete")
+    summary = f"delete {where.display}/ ({len(changes)} files)"
+    return propose(ctx, summary, changes)

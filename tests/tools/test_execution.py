@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from pydantic import BaseModel
 from services.tools import test_tools
 from services.tools.catalogue import CatalogueRefresher, load_tools
 from services.tools.execution import OUTPUT_MAX_BYTES, Deps, cap_output, execute, run_call
-from services.tools.registry import Registry, ToolContext, ToolError
+from services.tools.registry import Registry, ToolContext, ToolError, ToolTimeout
 from shared.ids import new_id
 from shared.redis_keys import RedisKeys
 from shared.tool_contract import ToolResult, read_catalogue
@@ -37,6 +38,15 @@ def _registry() -> Registry:
     @reg.tool(name="slow", description="hits its soft time limit")
     def slow(args: _Text, ctx: ToolContext) -> str:
         raise SoftTimeLimitExceeded()
+
+    @reg.tool(name="stops_itself", description="stops its own work at its limit")
+    def stops_itself(args: _Text, ctx: ToolContext) -> str:
+        raise ToolTimeout(f"gave up at {ctx.timeout_s:g} s")
+
+    @reg.tool(name="pause", description="takes a while")
+    def pause(args: _Text, ctx: ToolContext) -> str:
+        time.sleep(float(args.text))  # the running time under test, not a synchronisation
+        return "done"
 
     @reg.tool(name="echo", description="returns its input")
     def echo(args: _Text, ctx: ToolContext) -> str:
@@ -92,7 +102,7 @@ def test_specs_come_from_the_decorator_and_the_input_model() -> None:
     specs = {s.name: s for s in load_tools({}).specs()}
     assert set(specs) == {
         "list_dir", "read_file", "search_files", "write_file", "edit_file", "delete_file",
-        "run_python",
+        "delete_directory", "run_python", "web_fetch", "current_time",
     }  # fmt: skip
     read = specs["read_file"]
     assert read.input_schema["required"] == ["path"]
@@ -100,6 +110,8 @@ def test_specs_come_from_the_decorator_and_the_input_model() -> None:
     assert (read.mode, read.side_effect, read.idempotent) == ("auto", "read", True)
     write = specs["write_file"]
     assert (write.mode, write.side_effect, write.idempotent) == ("auto", "propose", False)
+    fetch = specs["web_fetch"]
+    assert (fetch.mode, fetch.side_effect) == ("confirm", "read")
     assert "sleep" in {s.name for s in load_tools({"SIGNALBOX_TEST_TOOLS": "1"}).specs()}
 
 
@@ -177,3 +189,15 @@ def test_the_catalogue_is_published_refreshed_and_withdrawn(
         refresher.stop()
     assert redis_client.get(keys.tool_worker(worker)) is None
     assert redis_client.zscore(keys.tool_catalogue(), worker) is None
+
+
+def test_a_tool_that_stops_itself_at_its_limit_ends_timeout(tool_env: ToolEnv) -> None:
+    result = _run(tool_env, "stops_itself")
+    assert (result.status, result.error) == ("timeout", "gave up at 30 s")
+
+
+def test_the_running_time_is_measured_and_never_rounded_to_nothing(tool_env: ToolEnv) -> None:
+    quick = _run(tool_env, "echo", text="x")
+    assert quick.status == "ok" and quick.duration_ms >= 1
+    slow = _run(tool_env, "pause", text="0.2")
+    assert slow.status == "ok" and 200 <= slow.duration_ms < 2000

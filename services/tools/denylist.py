@@ -1,0 +1,37 @@
+"""Secret files no tool shows the model: ``.git/`` internals, ``.env``, keys, per deployment.
+
+A pattern names entries by their name (``fnmatch``, case-sensitive): ``*.pem`` hides every
+``.pem`` file at any depth. A pattern ending in ``/`` names directories only, and hides
+everything under them (``.git/``). A pattern holding another ``/`` is matched against the
+path relative to the workspace (``config/prod.yaml``). ``SIGNALBOX_SECRET_DENYLIST='[]'``
+turns it off; the default is ``DEFAULT_DENYLIST``.
+
+The read tools skip denied entries while walking and refuse them by name; the write tools
+refuse them too (an ``edit_file`` that reports "matched 0 times" is an oracle on the
+content); ``run_python`` never copies them into its view of the workspace.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from pathlib import PurePosixPath
+
+DEFAULT_DENYLIST = (".env", ".env.*", "*.pem", "*.key", "id_*", ".git/")
+
+
+def denied(relative: PurePosixPath, is_dir: bool, patterns: Sequence[str]) -> str | None:
+    """The pattern that hides ``relative`` (or one of its parent directories), or None."""
+    parts = relative.parts
+    for index, name in enumerate(parts):
+        last = index == len(parts) - 1
+        here = "/".join(parts[: index + 1])
+        for pattern in patterns:
+            dir_only = pattern.endswith("/")
+            body = pattern.rstrip("/")
+            if dir_only and last and not is_dir:
+                continue
+            target = here if "/" in body else name
+            if fnmatch.fnmatchcase(target, body):
+                return pattern
+    return None
