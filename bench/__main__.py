@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import gateway_load, load, report, tool_calls, tool_overhead, turns
+from bench import cost, gateway_load, load, report, tool_calls, tool_overhead, turns
 from bench.environment import BenchEnv
 from bench.profiling import SAMPLE_RATE_HZ, recording
 from bench.stats import Result
@@ -91,6 +91,7 @@ BENCHMARKS: dict[str, Benchmark] = {
         rounds=5,
         quick_rounds=1,
     ),
+    "cost": Benchmark(lambda env, o: cost.cost(env, o.quick), rounds=1, quick_rounds=1),
     "tool_overhead": Benchmark(
         lambda _env, o: tool_overhead.tool_overhead(o.rounds, o.warmup),
         rounds=2000,

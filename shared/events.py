@@ -128,8 +128,11 @@ class QuestionAnswered(_Data):
 
 
 class Usage(BaseModel):
-    input_tokens: int = 0
+    input_tokens: int = 0  # neither read from nor written to the prompt cache
     output_tokens: int = 0
+    cache_creation_input_tokens: int = 0  # added: written to the prompt cache
+    cache_read_input_tokens: int = 0  # added: read from the prompt cache
+    cost_usd: float | None = None  # added: null when a model of the turn has no price
 
 
 class TurnFinished(_Data):

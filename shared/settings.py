@@ -98,6 +98,12 @@ class OrchestratorSettings(CommonSettings):
     context_tokens: int = 150_000  # transcript budget (estimated as characters / 4)
     tool_output_max_chars: int = 50_000  # a tool output longer than this reaches the model cut
     subagent_max_steps: int = 5  # model steps of one spawn_agent child turn
+    # Model cost (docs/operations.md, "Model cost"): the TTL of every prompt-cache breakpoint,
+    # the price table (services/orchestrator/prices.toml when unset), and whether the context
+    # budget asks the Messages API to count tokens ("api") or estimates them ("estimate").
+    prompt_cache_ttl: Literal["5m", "1h"] = "5m"
+    price_file: Path | None = None
+    token_counting: Literal["api", "estimate"] = "api"
 
 
 class McpServerSettings(BaseModel):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 
 from shared.settings import CommonSettings, SettingsError, load
@@ -99,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
         _client_options(one)
         if action == "reject":
             one.add_argument("--reason", help="why, kept with the decision")
+
+    usage = sub.add_parser("usage", help="model tokens and cost, per user (reads the database)")
+    usage.add_argument(
+        "--by", choices=["user", "conversation", "turn", "model", "purpose"], default="user"
+    )
+    usage.add_argument("--user", help="only this user's requests")
+    usage.add_argument("--since", type=datetime.fromisoformat, help="only from this time on")
     return parser
 
 
@@ -196,6 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _chat(args)
         if args.command == "proposals":
             return _proposals(args)
+        if args.command == "usage":
+            from signalbox.usage_cli import run_usage
+
+            return run_usage(_database_url(), args.by, args.user, args.since)
     except (admin.AdminError, SettingsError, ApiError) as exc:
         print(f"signalbox: {exc}", file=sys.stderr)
         return 1

@@ -17,6 +17,12 @@ mid-answer, e.g. while the test kills the orchestrator reading it). Every reques
 recorded (``server.requests``) and checked like the real API checks it: a transcript where
 a ``tool_use`` is not answered by exactly one ``tool_result`` in the next user message gets
 HTTP 400, and the problem is kept in ``server.violations``.
+
+Usage is reported the way the real API reports it (``tests/fake_prompt_cache.py``): tokens
+counted by a deterministic proxy tokenizer, ``cache_control`` breakpoints honoured (a prefix
+written earlier within its TTL is read: ``cache_read_input_tokens``; the part newly marked
+is written: ``cache_creation_input_tokens``; the rest is ``input_tokens``), more than four
+breakpoints refused. ``POST /v1/messages/count_tokens`` is served too (``count_requests``).
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.fake_prompt_cache import MAX_BREAKPOINTS, PromptCache, breakpoints, count_tokens
 
 # --- the script -------------------------------------------------------------------------
 
@@ -86,7 +94,7 @@ class Reply:
 
     items: tuple[Text | ToolUseBlock | StreamError | Stall, ...]
     stop_reason: str | None = None
-    input_tokens: int = 11
+    input_tokens: int | None = None  # None: as counted and cached from the request
     output_tokens: int = 7
 
 
@@ -135,7 +143,7 @@ def http_error(
 def reply(
     *items: Text | ToolUseBlock | StreamError | Stall,
     stop_reason: str | None = None,
-    input_tokens: int = 11,
+    input_tokens: int | None = None,
     output_tokens: int = 7,
 ) -> Reply:
     """A streamed response with explicit usage or stop reason."""
@@ -204,10 +212,15 @@ def _split_at(value: str, splits: Sequence[int] | None) -> list[str]:
     return [value[a:b] for a, b in itertools.pairwise(bounds)]
 
 
-def sse_events(item: Reply, message_id: str, model: str) -> Iterator[bytes | Stall]:
+def sse_events(
+    item: Reply, message_id: str, model: str, usage: dict[str, int] | None = None
+) -> Iterator[bytes | Stall]:
     """The SSE byte frames of one scripted response, exactly as the real API orders them
-    (with each ``Stall`` yielded where the stream is to hang)."""
+    (with each ``Stall`` yielded where the stream is to hang); ``usage``: the input side."""
     has_tools = any(isinstance(i, ToolUseBlock) for i in item.items)
+    prompt = dict(usage or {"input_tokens": 11})
+    if item.input_tokens is not None:
+        prompt["input_tokens"] = item.input_tokens
     yield _sse(
         "message_start",
         {
@@ -220,7 +233,7 @@ def sse_events(item: Reply, message_id: str, model: str) -> Iterator[bytes | Sta
                 "content": [],
                 "stop_reason": None,
                 "stop_sequence": None,
-                "usage": {"input_tokens": item.input_tokens, "output_tokens": 1},
+                "usage": {**prompt, "output_tokens": 1},
             },
         },
     )
@@ -265,7 +278,7 @@ def sse_events(item: Reply, message_id: str, model: str) -> Iterator[bytes | Sta
         {
             "type": "message_delta",
             "delta": {"stop_reason": stop_reason, "stop_sequence": None},
-            "usage": {"output_tokens": item.output_tokens},
+            "usage": {**prompt, "output_tokens": item.output_tokens},
         },
     )
     yield _sse("message_stop", {"type": "message_stop"})
@@ -280,6 +293,7 @@ class RecordedRequest:
     body: dict[str, Any]
     at: float = 0.0  # time.monotonic() when it arrived
     peer: tuple[str, int] = ("", 0)  # the client's address: one per TCP connection
+    usage: dict[str, int] = field(default_factory=dict)  # the input side reported, if served
 
 
 class _Server(ThreadingHTTPServer):
@@ -302,7 +316,10 @@ class FakeAnthropic:
     # event, as the real API streams them (the benchmarks).
     split_chunks: bool = True
     requests: list[RecordedRequest] = field(default_factory=list)
+    count_requests: list[RecordedRequest] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
+    cache: PromptCache = field(default_factory=PromptCache)
+    serve_count_tokens: bool = True  # False: 404, as from a proxy without the endpoint
     _queue: list[Scripted] = field(default_factory=list)
     _by_marker: dict[str, list[Scripted]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -332,16 +349,25 @@ class FakeAnthropic:
             return len(self._queue)
 
     def _next(
-        self, body: dict[str, Any], path: str, headers: dict[str, str], peer: tuple[str, int]
-    ) -> Scripted | None:
+        self,
+        body: dict[str, Any],
+        path: str,
+        headers: dict[str, str],
+        peer: tuple[str, int],
+    ) -> tuple[Scripted | None, RecordedRequest]:
+        record = RecordedRequest(path, headers, body, time.monotonic(), peer)
         with self._lock:
-            self.requests.append(RecordedRequest(path, headers, body, time.monotonic(), peer))
-            if self._by_marker:
-                text = json.dumps(body.get("messages"))
-                for marker, queue in self._by_marker.items():
-                    if queue and marker in text:
-                        return queue.pop(0)
-            return self._queue.pop(0) if self._queue else None
+            self.requests.append(record)
+            return self._pop(body), record
+
+    def _pop(self, body: dict[str, Any]) -> Scripted | None:
+        """The scripted response for ``body`` (the caller holds the lock)."""
+        if self._by_marker:
+            text = json.dumps(body.get("messages"))
+            for marker, queue in self._by_marker.items():
+                if queue and marker in text:
+                    return queue.pop(0)
+        return self._queue.pop(0) if self._queue else None
 
     def start(self) -> FakeAnthropic:
         """Serve on a free port from a daemon thread."""
@@ -380,11 +406,24 @@ class FakeAnthropic:
                     self._error(400, "invalid_request_error", "body is not JSON")
                     return
                 headers = {k.lower(): v for k, v in self.headers.items()}
-                if self.path.split("?")[0] != "/v1/messages":
+                route = self.path.split("?")[0]
+                if route == "/v1/messages/count_tokens" and fake.serve_count_tokens:
+                    record = RecordedRequest(self.path, headers, body, time.monotonic())
+                    with fake._lock:
+                        fake.count_requests.append(record)
+                    self._json(200, {"input_tokens": count_tokens(body)}, {})
+                    return
+                if route != "/v1/messages":
                     self._error(404, "not_found_error", f"no route {self.path!r}")
                     return
-                item = fake._next(body, self.path, headers, self.client_address[:2])
+                item, record = fake._next(body, self.path, headers, self.client_address[:2])
                 problems = transcript_problems(body.get("messages") or [])
+                marked = breakpoints(body)
+                if marked > MAX_BREAKPOINTS:
+                    problems.append(
+                        f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be "
+                        f"provided. Found {marked}."
+                    )
                 if problems:
                     fake.violations.extend(problems)
                     self._error(400, "invalid_request_error", "; ".join(problems))
@@ -402,13 +441,16 @@ class FakeAnthropic:
                 if not body.get("stream"):
                     self._error(400, "invalid_request_error", "fake: only stream=true is served")
                     return
+                usage = record.usage = fake.cache.usage(body)  # read and written once served
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("cache-control", "no-cache")
                 self.send_header("transfer-encoding", "chunked")
                 self.end_headers()
                 segments: list[bytes | Stall] = []
-                events = sse_events(scripted, f"msg_fake{next(_ids):04d}", str(body.get("model")))
+                events = sse_events(
+                    scripted, f"msg_fake{next(_ids):04d}", str(body.get("model")), usage
+                )
                 for piece in events:
                     if isinstance(piece, bytes) and segments and isinstance(segments[-1], bytes):
                         segments[-1] += piece

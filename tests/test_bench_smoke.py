@@ -69,3 +69,29 @@ def test_bench_quick_run_writes_results_and_the_page(tmp_path: Path) -> None:
     assert (docs_dir / "bench-latency.png").stat().st_size > 0
     for label in ("first_event", "turn", "dispatch", "fanout", "load@"):
         assert label in run.stdout  # each benchmark printed its line
+
+
+@pytest.mark.timeout(SMOKE_TIMEOUT_S + 20)
+def test_bench_cost_compares_caching_with_none(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [
+            sys.executable, "-m", "bench", "--quick", "--only", "cost",
+            "--results-dir", str(tmp_path), "--no-docs",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=SMOKE_TIMEOUT_S,
+    )  # fmt: skip
+    assert run.returncode == 0, f"stdout:\n{run.stdout}\nstderr:\n{run.stderr[-4000:]}"
+
+    (path,) = tmp_path.glob("*-quick.json")
+    body = json.loads(path.read_text())
+    assert body["errors"] == []
+    by_label = {r["label"]: r for r in body["results"]}
+    assert set(by_label) == {"cost@4_turns", "cost@sub_agents"}
+    turns = by_label["cost@4_turns"]
+    assert turns["measured"]["n"] == turns["baseline"]["n"] == 4
+    # Token counts, not timings: the fake's tokenizer is deterministic, so caching must save.
+    assert turns["extra"]["ratio_last_turn"] > 1
+    assert turns["extra"]["cost_usd_cached"] < turns["extra"]["cost_usd_uncached"]

@@ -33,6 +33,7 @@ from services.gateway.routes import (
     tickets,
     turns,
     ui,
+    usage,
     workspaces,
 )
 from services.gateway.state import Gateway
@@ -82,6 +83,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         proposals.router,
         ws.router,
         ui.router,
+        usage.router,
     ):
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=ui.STATIC_DIR), name="static")

@@ -18,6 +18,7 @@ from typing import Any, cast
 import anthropic
 import httpx2
 
+from services.orchestrator import prompt_cache
 from services.orchestrator.model import (
     ModelError,
     ModelEvent,
@@ -66,8 +67,10 @@ class AnthropicModel:
         step_retries: int = STEP_RETRIES,
         retry_backoff_s: float = STEP_RETRY_BACKOFF_S,
         timeout_s: float = REQUEST_TIMEOUT_S,
+        cache_ttl: prompt_cache.CacheTtl | None = "5m",
     ) -> None:
         self._model = model
+        self._cache_ttl = cache_ttl  # None: no cache_control at all (the benchmark's baseline)
         self._step_retries = step_retries
         self._retry_backoff_s = retry_backoff_s
         self.client = anthropic.Anthropic(
@@ -107,13 +110,16 @@ class AnthropicModel:
             "messages": request.messages,
             "stream": True,
         }
-        if request.system:
-            kwargs["system"] = request.system
-        if request.tools:
-            kwargs["tools"] = [
-                {"name": t.name, "description": t.description, "input_schema": t.input_schema}
-                for t in request.tools
-            ]
+        tools = [
+            {"name": t.name, "description": t.description, "input_schema": t.input_schema}
+            for t in request.tools
+        ]
+        prompt = prompt_cache.mark(request.system, tools, request.messages, self._cache_ttl)
+        kwargs["messages"] = prompt.messages
+        if prompt.system:
+            kwargs["system"] = prompt.system
+        if prompt.tools:
+            kwargs["tools"] = prompt.tools
         try:
             return self.client.messages.create(**kwargs)
         except anthropic.APIStatusError as exc:
@@ -124,7 +130,8 @@ class AnthropicModel:
     def _one_attempt(self, request: ModelRequest) -> Iterator[ModelEvent]:
         stream = self._open(request)
         blocks: dict[int, _Block] = {}
-        input_tokens = output_tokens = 0
+        input_tokens = output_tokens = cache_written = cache_read = 0
+        answered_by = ""
         stop_reason: str | None = None
         stopped = False
         try:
@@ -133,8 +140,11 @@ class AnthropicModel:
                     kind = event.type
                     if kind == "message_start":
                         usage = event.message.usage
+                        answered_by = str(event.message.model or "")
                         input_tokens = usage.input_tokens or 0
                         output_tokens = usage.output_tokens or 0
+                        cache_written = usage.cache_creation_input_tokens or 0
+                        cache_read = usage.cache_read_input_tokens or 0
                     elif kind == "content_block_start":
                         block = event.content_block
                         if block.type == "tool_use":
@@ -156,6 +166,11 @@ class AnthropicModel:
                         if event.usage.input_tokens is not None:
                             input_tokens = event.usage.input_tokens
                         output_tokens = event.usage.output_tokens
+                        # Cumulative when present (newer API versions send them here too).
+                        if event.usage.cache_creation_input_tokens is not None:
+                            cache_written = event.usage.cache_creation_input_tokens
+                        if event.usage.cache_read_input_tokens is not None:
+                            cache_read = event.usage.cache_read_input_tokens
                     elif kind == "message_stop":
                         # Read on to the end of the body rather than return here: a response
                         # read to its end hands its connection back to the SDK's pool, so the
@@ -169,7 +184,9 @@ class AnthropicModel:
                 raise _BrokenStream(f"connection broke mid-stream: {exc!r}") from exc
         if not stopped:
             raise _BrokenStream("stream ended without message_stop")
-        yield StepEnd(stop_reason, input_tokens, output_tokens)
+        yield StepEnd(
+            stop_reason, input_tokens, output_tokens, cache_written, cache_read, answered_by
+        )
 
 
 def _tool_input(block: _Block) -> dict[str, Any]:

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from services.orchestrator import prompt_cache
+from services.orchestrator.demo_cache import DemoPromptCache
 from services.orchestrator.model import (
     ModelEvent,
     ModelRequest,
@@ -118,7 +120,12 @@ def _result_text(block: dict[str, Any]) -> str:
 
 
 class DemoModel:
-    """``Model`` that needs no network: deterministic, clearly labelled, tool-driven."""
+    """``Model`` that needs no network: deterministic, clearly labelled, tool-driven. Its
+    usage is reported as the API would, prompt cache included (``demo_cache.py``)."""
+
+    def __init__(self, cache_ttl: prompt_cache.CacheTtl | None = "5m") -> None:
+        self._cache_ttl = cache_ttl
+        self._cache = DemoPromptCache()
 
     @property
     def name(self) -> str:
@@ -152,12 +159,20 @@ class DemoModel:
         for chunk in re.findall(r"\S+\s*", say) or [say]:
             yield TextDelta(chunk)
         yield from calls
-        prompt_chars = len(request.system) + len(json.dumps(request.messages))
+        tools = [
+            {"name": t.name, "description": t.description, "input_schema": t.input_schema}
+            for t in request.tools
+        ]
+        prompt = prompt_cache.mark(request.system, tools, request.messages, self._cache_ttl)
+        fresh, written, read = self._cache.usage(prompt)
         output_chars = len(say) + sum(len(json.dumps(c.input)) for c in calls)
         yield StepEnd(
             "tool_use" if calls else "end_turn",
-            max(1, prompt_chars // CHARS_PER_TOKEN),
+            fresh,
             max(1, output_chars // CHARS_PER_TOKEN),
+            written,
+            read,
+            DEMO_MODEL_NAME,
         )
 
     def _summary(

@@ -52,8 +52,11 @@ class StepEnd:
     """The step is over; the last event of a successful stream."""
 
     stop_reason: str | None
-    input_tokens: int
+    input_tokens: int  # not read from the cache nor written to it
     output_tokens: int
+    cache_creation_input_tokens: int = 0  # written to the prompt cache
+    cache_read_input_tokens: int = 0  # read from the prompt cache
+    model: str = ""  # the model that answered, as it names itself ("": the one asked for)
 
 
 @dataclass(frozen=True)

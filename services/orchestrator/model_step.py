@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
-from services.orchestrator import store
+from services.orchestrator import store, usage
 from services.orchestrator.approvals import Stamp
 from services.orchestrator.builtin_tools import (
     ASK_USER,
@@ -32,7 +32,7 @@ from services.orchestrator.builtin_tools import (
     client_tools,
     input_problem,
 )
-from services.orchestrator.context_budget import estimate_tokens, fit
+from services.orchestrator.context_budget import blocks, estimate_tokens, fit
 from services.orchestrator.model import (
     ModelError,
     ModelRequest,
@@ -138,10 +138,20 @@ def request(runner: TurnRunner, offered: dict[str, Offer]) -> ModelRequest:
                 s, runner.info.conversation_id, notes=proposal_notes(runner, s)
             )
     tools = [offered[name].tool_def for name in sorted(offered)]
-    overhead = estimate_tokens(settings.system_prompt) + estimate_tokens([asdict(t) for t in tools])
+    counter = runner.rt.tokens  # exact, each block counted once (token_count.py), or None
+    if counter is None:
+        count = None
+        overhead = estimate_tokens(settings.system_prompt)
+        overhead += estimate_tokens([asdict(t) for t in tools])
+    else:
+        count = counter.count
+        tool_dicts = [asdict(t) for t in tools]
+        counter.prime([settings.system_prompt, *tool_dicts, *blocks(messages)])
+        overhead = count(settings.system_prompt) + sum(count(t) for t in tool_dicts)
+    budget, cap = settings.context_tokens, settings.tool_output_max_chars
     return ModelRequest(
         system=settings.system_prompt,
-        messages=fit(messages, settings.context_tokens, settings.tool_output_max_chars, overhead),
+        messages=fit(messages, budget, cap, overhead, count),
         tools=tools,
         max_tokens=settings.max_tokens,
         model=settings.model,
@@ -156,7 +166,8 @@ def take_step(runner: TurnRunner) -> str | None:
     end: StepEnd | None = None
     cancelled = False
     buffer = DeltaBuffer(lambda text: runner.emit("text_delta", {"text": text}))
-    stream = runner.rt.model.stream(request(runner, offered))
+    sent = request(runner, offered)
+    stream = runner.rt.model.stream(sent)
     try:
         for event in stream:
             if runner.cancel.is_set():
@@ -192,8 +203,9 @@ def take_step(runner: TurnRunner) -> str | None:
     if end is None:
         return runner.finish("failed", error="the model stream ended without finishing the step")
     planned = [plan(runner, use, offered) for use in uses]
+    row = usage.request_row(runner, end.model or sent.model or runner.rt.model.name, end)
     _msg, calls = store.store_step(
-        sessions, info, text, planned, end.input_tokens, end.output_tokens
+        sessions, info, text, planned, end.input_tokens, end.output_tokens, row
     )
     runner.emit("assistant_message", {"text": text})
     for call in calls:

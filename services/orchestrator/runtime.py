@@ -12,7 +12,9 @@ from services.orchestrator.approvals import ApprovalFeed
 from services.orchestrator.dispatch import Dispatcher
 from services.orchestrator.model import Model
 from services.orchestrator.policy import ToolPolicy
+from services.orchestrator.pricing import PriceTable
 from services.orchestrator.store import Sessions
+from services.orchestrator.token_count import TokenCounter
 from shared.event_stream import EventStream
 from shared.redis_keys import RedisKeys
 from shared.settings import OrchestratorSettings
@@ -40,6 +42,8 @@ class Runtime:
     policy: ToolPolicy = field(default_factory=ToolPolicy)
     # The approvals subscriber of this process; None: every step reads proposals from SQL.
     approvals: ApprovalFeed | None = None
+    prices: PriceTable = field(default_factory=PriceTable.load)  # model cost (pricing.py)
+    tokens: TokenCounter | None = None  # exact counts for the context budget; None: estimate
 
     @property
     def events(self) -> EventStream:

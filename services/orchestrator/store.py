@@ -20,6 +20,7 @@ from services.orchestrator.transcript import OPEN_CALL_STATUSES
 from shared.db.models import (
     Conversation,
     Message,
+    ModelRequest,
     Proposal,
     ToolCall,
     Turn,
@@ -224,8 +225,10 @@ def store_step(
     planned: Sequence[PlannedCall],
     input_tokens: int,
     output_tokens: int,
+    request: ModelRequest | None = None,
 ) -> tuple[Message, list[ToolCall]]:
-    """One model step: its assistant message, its calls and its usage, in one transaction."""
+    """One model step: its assistant message, its calls and its usage, in one transaction
+    (``request``: the model request's row, ``usage.py``)."""
     now = utcnow()
     content: list[Any] = [{"type": "text", "text": text}] if text else []
     content += [
@@ -251,6 +254,8 @@ def store_step(
             output_tokens=output_tokens,
         )
         s.add(msg)
+        if request is not None:
+            s.add(request)
         s.flush()  # the message row must exist before calls refer to it
         calls = []
         for position, p in enumerate(planned):

@@ -20,7 +20,9 @@ from services.orchestrator.dispatch import CeleryDispatcher
 from services.orchestrator.loop import Runtime
 from services.orchestrator.loop import run_turn as run_turn_loop
 from services.orchestrator.model import Model
+from services.orchestrator.pricing import PriceTable
 from services.orchestrator.recovery import Reconciler
+from services.orchestrator.token_count import ApiTokenCounter, TokenCounter
 from services.orchestrator.worker import app, policy, settings
 from shared.celery_app import RUN_TURN_TASK
 from shared.db import make_engine, make_session_factory
@@ -37,8 +39,17 @@ def make_model(settings: OrchestratorSettings) -> Model:
     api_key = unset_if_empty(settings.anthropic_api_key)
     if api_key is None:
         log.warning("ANTHROPIC_API_KEY is not set: using the offline demo model")
-        return DemoModel()
-    return AnthropicModel(api_key, settings.anthropic_base_url, settings.model)
+        return DemoModel(cache_ttl=settings.prompt_cache_ttl)
+    return AnthropicModel(
+        api_key, settings.anthropic_base_url, settings.model, cache_ttl=settings.prompt_cache_ttl
+    )
+
+
+def make_counter(settings: OrchestratorSettings, model: Model) -> TokenCounter | None:
+    """The API's token counting for the real model (unless turned off); None estimates."""
+    if settings.token_counting == "api" and isinstance(model, AnthropicModel):
+        return ApiTokenCounter(model.client, settings.model)
+    return None
 
 
 @cache
@@ -47,16 +58,19 @@ def _runtime() -> Runtime:
     keys = RedisKeys(settings.redis_prefix)
     # Its own connection pool, named so an operator can tell it apart in CLIENT LIST.
     feed_client = redis.Redis.from_url(settings.redis_url, client_name=APPROVALS_CLIENT_NAME)
+    model = make_model(settings)
     return Runtime(
         settings=settings,
         sessions=sessions,
         redis=redis.Redis.from_url(settings.redis_url),
         keys=keys,
-        model=make_model(settings),
+        model=model,
         dispatcher=CeleryDispatcher(app),
         enqueue_turn=lambda turn_id: app.send_task(RUN_TURN_TASK, args=[turn_id]),
         policy=policy,
         approvals=ApprovalFeed(feed_client, keys.approvals_channel, sessions),
+        prices=PriceTable.load(settings.price_file),
+        tokens=make_counter(settings, model),
     )
 
 
@@ -103,7 +117,7 @@ def run_turn(self: Any, turn_id: str) -> str:
 
 
 def _record_failure(rt: Runtime, turn_id: str) -> None:
-    from services.orchestrator import store
+    from services.orchestrator import store, usage
 
     try:
         info = store.load_turn(rt.sessions, turn_id)
@@ -117,10 +131,7 @@ def _record_failure(rt: Runtime, turn_id: str) -> None:
                 {
                     "status": "failed",
                     "steps": turn.step,
-                    "usage": {
-                        "input_tokens": turn.input_tokens,
-                        "output_tokens": turn.output_tokens,
-                    },
+                    "usage": usage.turn_usage(rt.sessions, turn),
                     "error": turn.error,
                 },
                 turn_id,

@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from services.orchestrator import faults, model_step, own_calls, server_calls, store
+from services.orchestrator import faults, model_step, own_calls, server_calls, store, usage
 from services.orchestrator.cancel_watch import CancelWatch
 from services.orchestrator.lease import TurnLease
 from services.orchestrator.runtime import Runtime
@@ -253,10 +253,7 @@ class TurnRunner:
                 {
                     "status": status,
                     "steps": turn.step,
-                    "usage": {
-                        "input_tokens": turn.input_tokens,
-                        "output_tokens": turn.output_tokens,
-                    },
+                    "usage": usage.turn_usage(self.rt.sessions, turn),
                     "error": error,
                 },
             )

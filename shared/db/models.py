@@ -10,6 +10,7 @@ from sqlalchemy import (
     JSON,
     Boolean,
     DateTime,
+    Float,
     ForeignKey,
     Integer,
     String,
@@ -215,3 +216,29 @@ class Outbox(Base):
     payload: Mapped[dict[str, Any]] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(default=now)
     sent_at: Mapped[datetime | None] = mapped_column(default=None, index=True)
+
+
+class ModelRequest(Base):
+    """One request to the model, as the API billed it (docs/operations.md, "Model cost").
+
+    ``input_tokens`` is what was neither read from nor written to the prompt cache (the
+    API's meaning); the prompt is the sum of the three input fields. ``root_turn_id``: the
+    turn that pays (a sub-agent's requests are charged to the turn that spawned it).
+    ``cost_usd`` is priced when recorded; null when the model has no price.
+    """
+
+    __tablename__ = "model_requests"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    user_id: Mapped[str] = mapped_column(String(40), index=True)
+    conversation_id: Mapped[str] = mapped_column(String(40), index=True)
+    turn_id: Mapped[str] = mapped_column(String(40), index=True)
+    root_turn_id: Mapped[str] = mapped_column(String(40), index=True)
+    purpose: Mapped[str] = mapped_column(String(20))  # step | sub_agent
+    model: Mapped[str] = mapped_column(String(100))
+    input_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    output_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cache_creation_input_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cache_read_input_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cost_usd: Mapped[float | None] = mapped_column(Float, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=now, index=True)

@@ -59,15 +59,21 @@ def test_text_deltas_tool_use_from_split_json_and_usage(fake_anthropic: FakeAnth
         ToolUse("toolu_1", "read_file", tricky),
         ToolUse("toolu_2", "read_file", {}),
     ]
-    assert events[-1] == StepEnd("tool_use", 123, 45)
+    assert events[-1] == StepEnd("tool_use", 123, 45, 0, 0, "claude-test")  # under the minimum
     [sent] = fake_anthropic.requests
     credentials = {sent.headers.get("x-api-key"), sent.headers.get("authorization")}
     assert credentials & {"sk-test-key", "Bearer sk-test-key"}
     assert sent.body["stream"] is True
-    assert sent.body["system"] == "be brief"
+    marker = {"type": "ephemeral", "ttl": "5m"}  # prompt caching: tools, system, last block
+    assert sent.body["system"] == [{"type": "text", "text": "be brief", "cache_control": marker}]
     assert sent.body["model"] == "claude-test"
     assert sent.body["tools"] == [
-        {"name": "read_file", "description": "reads a file", "input_schema": {"type": "object"}}
+        {
+            "name": "read_file",
+            "description": "reads a file",
+            "input_schema": {"type": "object"},
+            "cache_control": marker,
+        }
     ]
 
 

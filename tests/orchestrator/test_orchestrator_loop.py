@@ -52,7 +52,13 @@ def test_parallel_calls_then_answer_completes_the_turn(harness: Harness) -> None
     assert [d["text"] for d in h.data("assistant_message")] == ["Looking around.", "All done."]
     finished = h.data("turn_finished")[0]
     assert finished["status"] == "completed" and finished["steps"] == 2
-    assert finished["usage"] == {"input_tokens": 20, "output_tokens": 10}
+    assert finished["usage"] == {
+        "input_tokens": 20,
+        "output_tokens": 10,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "cost_usd": 0.00014,  # 20 input at $2, 10 output at $10 per million (the default model)
+    }
     turn = _turn(h, turn_id)
     assert (turn.status, turn.step, turn.input_tokens) == ("completed", 2, 20)
     assert [c.status for c in h.calls(turn_id)] == ["ok", "ok"]
@@ -373,4 +379,9 @@ def test_the_loop_on_the_real_sdk_sends_valid_transcripts(
         "Second turn answer.",
     ]
     finished = [d for d in h.data("turn_finished")]
-    assert finished[0]["usage"] == {"input_tokens": 22, "output_tokens": 14}
+    # The two steps that finished, as the API reported them (the broken one is not billed).
+    done = [fake_anthropic.requests[0].usage, fake_anthropic.requests[2].usage]
+    usage = finished[0]["usage"]
+    assert usage["output_tokens"] == 14
+    for field in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"):
+        assert usage[field] == sum(u[field] for u in done)

@@ -72,8 +72,10 @@ def test_a_sub_agent_runs_read_only_and_its_answer_is_the_result(harness: Harnes
     assert parent_events[-1].kind == "turn_finished"
     assert parent_events[-1].data["status"] == "completed"
     # say() reports 10 input / 5 output tokens a step: two parent steps, two child steps.
-    assert parent_events[-1].data["usage"] == {"input_tokens": 40, "output_tokens": 20}
-    assert child_events[-1].data["usage"] == {"input_tokens": 20, "output_tokens": 10}
+    parent_usage, child_usage = parent_events[-1].data["usage"], child_events[-1].data["usage"]
+    assert (parent_usage["input_tokens"], parent_usage["output_tokens"]) == (40, 20)
+    assert (child_usage["input_tokens"], child_usage["output_tokens"]) == (20, 10)
+    assert (parent_usage["cost_usd"], child_usage["cost_usd"]) == (0.00028, 0.00014)
 
 
 def test_a_sub_agent_past_its_step_limit_is_an_error_result(harness: Harness) -> None:

@@ -1,0 +1,86 @@
+"""Model usage and cost summed from ``model_requests``: per user, conversation, turn, model or
+purpose. The gateway's ``GET /api/usage`` and ``signalbox usage`` both read it here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from shared.db.models import ModelRequest
+
+GroupBy = Literal["user", "conversation", "turn", "model", "purpose"]
+GROUP_COLUMNS: dict[str, Any] = {
+    "user": ModelRequest.user_id,
+    "conversation": ModelRequest.conversation_id,
+    "turn": ModelRequest.root_turn_id,  # a sub-agent's requests count for the turn that paid
+    "model": ModelRequest.model,
+    "purpose": ModelRequest.purpose,
+}
+
+
+@dataclass(frozen=True)
+class UsageSum:
+    """Usage of a set of model requests; ``key`` names the group (None: all of them)."""
+
+    key: str | None
+    requests: int
+    input_tokens: int
+    output_tokens: int
+    cache_creation_input_tokens: int
+    cache_read_input_tokens: int
+    cost_usd: float
+    unpriced_requests: int  # requests whose model had no price: not in cost_usd
+
+
+def summarize(
+    session: Session,
+    *,
+    user_id: str | None = None,
+    conversation_id: str | None = None,
+    since: datetime | None = None,
+    group_by: GroupBy | None = None,
+) -> list[UsageSum]:
+    """The sum over the requests selected, one per group (largest cost first), or one total."""
+    key = GROUP_COLUMNS[group_by] if group_by is not None else None
+    query = select(
+        *([key] if key is not None else []),
+        func.count(ModelRequest.id),
+        func.coalesce(func.sum(ModelRequest.input_tokens), 0),
+        func.coalesce(func.sum(ModelRequest.output_tokens), 0),
+        func.coalesce(func.sum(ModelRequest.cache_creation_input_tokens), 0),
+        func.coalesce(func.sum(ModelRequest.cache_read_input_tokens), 0),
+        func.coalesce(func.sum(ModelRequest.cost_usd), 0.0),
+        func.count(ModelRequest.cost_usd),
+    )
+    if user_id is not None:
+        query = query.where(ModelRequest.user_id == user_id)
+    if conversation_id is not None:
+        query = query.where(ModelRequest.conversation_id == conversation_id)
+    if since is not None:
+        query = query.where(ModelRequest.created_at >= since)
+    if key is not None:
+        query = query.group_by(key)
+    sums = []
+    for row in session.execute(query).all():
+        values = list(row)
+        name = str(values.pop(0)) if key is not None else None
+        count, inputs, outputs, written, read, cost, priced = values
+        sums.append(
+            UsageSum(
+                name,
+                int(count),
+                int(inputs),
+                int(outputs),
+                int(written),
+                int(read),
+                round(float(cost or 0.0), 6),
+                int(count) - int(priced),
+            )
+        )
+    if key is not None:
+        sums.sort(key=lambda s: (-s.cost_usd, s.key or ""))
+    return sums

@@ -1,0 +1,72 @@
+"""``signalbox usage``: what the model cost, per user (or conversation, turn, model, purpose).
+
+An operator's command, like ``signalbox users``: it reads ``SIGNALBOX_DATABASE_URL``
+directly (every user's requests), where ``GET /api/usage`` shows a user only their own.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import select
+
+from shared.db import User
+from shared.db.usage import GroupBy, UsageSum, summarize
+from signalbox.admin import AdminError, session_for
+
+HEADER = ("requests", "input", "cache write", "cache read", "output", "cost USD")
+
+
+def _row(label: str, s: UsageSum) -> tuple[str, ...]:
+    cost = f"{s.cost_usd:.4f}"
+    if s.unpriced_requests:
+        cost += f" (+{s.unpriced_requests} unpriced)"
+    return (
+        label,
+        str(s.requests),
+        str(s.input_tokens),
+        str(s.cache_creation_input_tokens),
+        str(s.cache_read_input_tokens),
+        str(s.output_tokens),
+        cost,
+    )
+
+
+def usage_table(
+    database_url: str,
+    group_by: GroupBy = "user",
+    user_name: str | None = None,
+    since: datetime | None = None,
+) -> list[tuple[str, ...]]:
+    """The rows ``signalbox usage`` prints: a header, one per group, then the total."""
+    with session_for(database_url) as session:
+        user_id = None
+        if user_name is not None:
+            user_id = session.scalar(select(User.id).where(User.name == user_name))
+            if user_id is None:
+                raise AdminError(f"no user named {user_name!r}")
+        names = {uid: name for uid, name in session.execute(select(User.id, User.name))}
+        groups = summarize(session, user_id=user_id, since=since, group_by=group_by)
+        [total] = summarize(session, user_id=user_id, since=since)
+    rows: list[tuple[str, ...]] = [(group_by, *HEADER)]
+    for g in groups:
+        label = names.get(g.key or "", g.key or "") if group_by == "user" else g.key or ""
+        rows.append(_row(label, g))
+    rows.append(_row("total", total))
+    return rows
+
+
+def run_usage(
+    database_url: str,
+    group_by: GroupBy = "user",
+    user_name: str | None = None,
+    since: datetime | None = None,
+) -> int:
+    """Print the usage table; 0."""
+    rows = usage_table(database_url, group_by, user_name, since)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        numbers = [c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
+        cells = [r[0].ljust(widths[0]), *numbers]
+        print("  ".join(cells).rstrip())
+    return 0

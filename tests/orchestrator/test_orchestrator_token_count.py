@@ -1,0 +1,100 @@
+"""Exact token counts for the context budget: ``messages.count_tokens`` through the SDK, each
+content block counted once and kept, the estimate when the API cannot count."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.orchestrator.anthropic_model import AnthropicModel
+from services.orchestrator.context_budget import estimate_tokens, fit
+from services.orchestrator.token_count import ApiTokenCounter
+from tests.fake_anthropic import FakeAnthropic, text, tool_use
+from tests.fake_prompt_cache import proxy_tokens
+
+from .support import Harness, ok, spec
+
+
+def _counter(fake: FakeAnthropic) -> ApiTokenCounter:
+    model = AnthropicModel("sk-test", fake.url, "claude-test", retry_backoff_s=0)
+    return ApiTokenCounter(model.client, "claude-test")
+
+
+def _counted_texts(fake: FakeAnthropic) -> list[str]:
+    return [
+        block["text"]
+        for request in fake.count_requests
+        for message in request.body["messages"]
+        for block in message["content"]
+    ]
+
+
+def test_a_block_is_counted_exactly_by_the_api(fake_anthropic: FakeAnthropic) -> None:
+    counter = _counter(fake_anthropic)
+    sentence = "Read before you change anything, then propose."
+
+    assert counter.count(sentence) == proxy_tokens(sentence)
+    assert counter.count({"type": "text", "text": sentence}) == counter.count(sentence)
+    assert counter.api_calls == 2, "the per-message baseline once, then the block"
+    assert counter.count(sentence) == proxy_tokens(sentence)
+    assert counter.api_calls == 2, "a block already counted is not asked again"
+
+
+def test_each_block_of_a_conversation_is_counted_once(
+    harness: Harness, fake_anthropic: FakeAnthropic
+) -> None:
+    h = harness
+    h.runtime.model = AnthropicModel(
+        "sk-test", fake_anthropic.url, "claude-test", retry_backoff_s=0
+    )
+    h.runtime.tokens = _counter(fake_anthropic)
+    h.runtime.settings = h.runtime.settings.model_copy(update={"max_steps": 10})
+    h.catalogue(spec("read_file", side_effect="read"))
+    h.dispatcher.tools["read_file"] = ok("contents of the file")
+    for i in range(3):
+        fake_anthropic.script(
+            [
+                [text(f"Reading {i}."), tool_use("read_file", {"path": f"f{i}.txt"})],
+                [text(f"Answer {i}.")],
+            ]
+        )
+        assert h.run(h.turn(f"question {i}", seq=i + 1)) == "completed"
+
+    steps = len(fake_anthropic.requests)
+    assert steps == 6
+    # The baseline once, then at most one request per step: only the blocks new to it.
+    assert len(fake_anthropic.count_requests) <= 1 + steps
+    counted = [t for t in _counted_texts(fake_anthropic) if t != "."]
+    assert len(counted) == len(set(counted)), "no block is counted twice"
+    assert "question 2" in counted and h.runtime.settings.system_prompt in counted
+
+
+def test_the_budget_is_kept_by_exact_counts(fake_anthropic: FakeAnthropic) -> None:
+    counter = _counter(fake_anthropic)
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t1", "name": "read", "input": {}}],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "word " * 2000}],
+        },
+    ]
+    counter.prime([b for m in messages for b in m["content"]])
+    exact = sum(counter.count(b) for m in messages for b in m["content"])
+    assert exact < estimate_tokens(messages), "the proxy counts a word as one token, not 1.25"
+
+    assert fit(messages, exact, 50_000, count=counter.count) == messages, "it fits exactly"
+    shortened = fit(messages, exact - 1, 50_000, count=counter.count)
+    assert "shortened to fit" in shortened[2]["content"][0]["content"]
+
+
+def test_without_the_endpoint_the_estimate_stands_in(fake_anthropic: FakeAnthropic) -> None:
+    fake_anthropic.serve_count_tokens = False
+    counter = _counter(fake_anthropic)
+
+    assert counter.count("a" * 400) == 100
+    calls = counter.api_calls
+    assert counter.count("b" * 40) == 10
+    assert counter.api_calls == calls, "after a refusal the API is not asked again"
