@@ -8,8 +8,8 @@ never reaches the model: its ``tool_use`` block is left out until it has a resul
 
 A write tool's result only says what it proposed ("proposed, awaiting approval (proposal_id
 …)"). Once a human decided that proposal, the same ``tool_result`` also says how it ended
-("proposal … was applied by the human", or rejected, conflict, expired), read from the
-``proposals`` table (``load_proposal_notes``) on every step, so the model sees the outcome
+("proposal … was applied by the human", or rejected, conflict, expired, withdrawn), read
+from the ``proposals`` table (``load_proposal_notes``) on every step, so the model sees the outcome
 on its next step whichever turn made the proposal.
 """
 
@@ -18,17 +18,19 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, get_args
 
 from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session, aliased
 
 from shared.db.models import Message, Proposal, ToolCall, Turn
+from shared.events import ProposalStatus
 
 FINAL_CALL_STATUSES = frozenset({"ok", "error", "timeout", "denied", "cancelled", "lost"})
 # ``waiting``: on a human (ask_user) or on the client that runs the tool, the turn parked.
 OPEN_CALL_STATUSES = frozenset({"pending", "needs_decision", "running", "waiting"})
-DECIDED_PROPOSAL_STATUSES = ("applied", "rejected", "conflict", "expired")
+# Every status but ``pending`` ends a proposal (one vocabulary: shared/events.py).
+DECIDED_PROPOSAL_STATUSES = tuple(s for s in get_args(ProposalStatus) if s != "pending")
 
 
 class MessageRow(Protocol):
@@ -70,7 +72,7 @@ class ProposalNote:
     """A decided proposal, told to the model with the result of the call that made it."""
 
     proposal_id: str
-    status: str  # applied | rejected | conflict | expired
+    status: str  # a DECIDED_PROPOSAL_STATUSES
     reason: str | None = None
     split_from: str | None = None  # set when a partial approval split it off a proposal
 
@@ -89,6 +91,7 @@ def note_text(note: ProposalNote) -> str:
         "rejected": f"was rejected by the human{why}; nothing was written",
         "conflict": f"was approved but could not be applied (conflict{why}); nothing was written",
         "expired": "expired before anyone decided it; nothing was written",
+        "cancelled": "was withdrawn because its turn was cancelled; nothing was written",
     }.get(note.status, f"ended {note.status!r}")
     return f"{what} {outcome}"
 

@@ -209,7 +209,10 @@ def test_each_outcome_is_told_with_the_call_that_proposed_it() -> None:
             ProposalNote("prop_b", "applied", split_from="prop_a"),
             ProposalNote("prop_a", "conflict", "a.txt changed since it was proposed"),
         ],
-        "call_2": [ProposalNote("prop_c", "rejected", "not that file")],
+        "call_2": [
+            ProposalNote("prop_c", "rejected", "not that file"),
+            ProposalNote("prop_d", "cancelled"),
+        ],
     }
 
     messages = build_messages([Row("m1", content=uses)], {"m1": calls}, notes)
@@ -222,7 +225,8 @@ def test_each_outcome_is_told_with_the_call_that_proposed_it() -> None:
         "it was proposed); nothing was written"
     )
     assert second["content"].endswith(
-        "proposal prop_c was rejected by the human: not that file; nothing was written"
+        "proposal prop_c was rejected by the human: not that file; nothing was written\n"
+        "proposal prop_d was withdrawn because its turn was cancelled; nothing was written"
     )
     assert build_messages([Row("m1", content=uses)], {"m1": calls})[1]["content"][1]["content"] == (
         "proposed, awaiting approval (proposal_id prop_a)"

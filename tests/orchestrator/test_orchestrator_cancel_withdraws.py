@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from sqlalchemy import update
 
+from services.orchestrator.transcript import load_proposal_notes, note_text
 from shared.db import Proposal
 from shared.db.models import Turn
 from shared.ids import new_id
@@ -54,4 +55,26 @@ def test_a_cancelled_turn_withdraws_its_pending_proposals_before_it_ends(
     assert resolved < kinds.index(("turn_finished", None))
     assert [e.data for e in h.events() if e.kind == "proposal_resolved"] == [
         {"proposal_id": pending, "status": "cancelled"}
+    ]
+
+
+def test_the_model_is_told_a_proposal_was_withdrawn(harness: Harness) -> None:
+    """The next turn's transcript says how a withdrawn proposal ended, as for any decision."""
+    h = harness
+    h.catalogue(spec("run_python", mode="confirm"))
+    h.model.steps = [say("Running.", use("run_python", code="1"))]
+    turn_id = h.turn("compute")
+    assert h.run(turn_id) == "parked"
+    [call] = h.calls(turn_id)
+    pending = _proposal(h, turn_id, "pending")
+    with h.sessions() as s, s.begin():
+        s.execute(update(Proposal).where(Proposal.id == pending).values(call_id=call.id))
+        s.execute(update(Turn).where(Turn.id == turn_id).values(cancel_requested=True))
+    assert h.run(turn_id) == "cancelled"
+
+    with h.sessions() as s:
+        notes = load_proposal_notes(s, h.conversation_id)
+
+    assert [note_text(n) for n in notes[call.id]] == [
+        f"proposal {pending} was withdrawn because its turn was cancelled; nothing was written"
     ]
