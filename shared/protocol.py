@@ -51,7 +51,7 @@ MAX_ID_CHARS = 200  # any id a client names or chooses (the server's own are ~30
 MAX_CLIENT_TOOLS = 64  # tools one user_turn may declare
 MAX_TOOL_DESCRIPTION_CHARS = 10_000
 
-Id = Annotated[str, Field(max_length=MAX_ID_CHARS)]
+Id = Annotated[str, Field(max_length=MAX_ID_CHARS, pattern=NO_NUL)]
 
 
 class _Frame(BaseModel):
@@ -88,7 +88,7 @@ class UserTurn(_Frame):
 
     type: Literal["user_turn"]
     conversation_id: Id | None = None
-    text: str = Field(min_length=1, max_length=MAX_TURN_TEXT_CHARS)
+    text: str = Field(min_length=1, max_length=MAX_TURN_TEXT_CHARS, pattern=NO_NUL)
     client_turn_id: Id | None = None
     workspace: Id | None = None  # a valid name is at most 100 (shared/workspace_paths.py)
     client_tools: list[ClientToolSpec] | None = Field(default=None, max_length=MAX_CLIENT_TOOLS)
@@ -107,7 +107,7 @@ class DecideTool(_Frame):
     type: Literal["decide_tool"]
     call_id: Id
     decision: Literal["allow", "deny"]
-    reason: str | None = Field(default=None, max_length=MAX_REASON_CHARS)
+    reason: str | None = Field(default=None, max_length=MAX_REASON_CHARS, pattern=NO_NUL)
 
 
 class DecideProposal(_Frame):
@@ -116,7 +116,7 @@ class DecideProposal(_Frame):
     type: Literal["decide_proposal"]
     proposal_id: Id
     decision: Literal["approve", "reject"]
-    reason: str | None = Field(default=None, max_length=MAX_REASON_CHARS)
+    reason: str | None = Field(default=None, max_length=MAX_REASON_CHARS, pattern=NO_NUL)
 
 
 class Answer(_Frame):
@@ -124,7 +124,7 @@ class Answer(_Frame):
 
     type: Literal["answer"]
     question_id: Id
-    text: str = Field(max_length=MAX_ANSWER_CHARS)
+    text: str = Field(max_length=MAX_ANSWER_CHARS, pattern=NO_NUL)
 
 
 class ClientToolResult(_Frame):
@@ -133,7 +133,7 @@ class ClientToolResult(_Frame):
     type: Literal["tool_result"]
     call_id: Id
     token: Id
-    output: str = Field(max_length=MAX_TOOL_OUTPUT_CHARS)
+    output: str = Field(max_length=MAX_TOOL_OUTPUT_CHARS, pattern=NO_NUL)
     is_error: bool = False
 
 

@@ -247,6 +247,10 @@ def test_shared_workspaces_volume(services: dict[str, dict[str, Any]]) -> None:
     for name in ("proposals", "tools"):
         root = services[name]["environment"]["SIGNALBOX_WORKSPACES_ROOT"]
         assert any(v.endswith(":" + root) for v in services[name]["volumes"]), name
+    # run_python copies the conversation's workspace into its sandbox: it must see the
+    # volume (or /workspace is always empty), and never write it.
+    root = services["tools-sandbox"]["environment"]["SIGNALBOX_WORKSPACES_ROOT"]
+    assert f"workspaces:{root}:ro" in services["tools-sandbox"]["volumes"]
 
 
 def _table_rows(doc: str) -> set[str]:

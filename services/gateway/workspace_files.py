@@ -63,9 +63,14 @@ class FileContent(BaseModel):
 
 def _relative(path: str) -> PurePosixPath:
     try:
-        return relative_path(path)
+        relative = relative_path(path)
     except NotRelative as exc:
         raise BadInput(str(exc)) from None
+    # Hidden from listings, so not there by name either (in any case: a case-insensitive
+    # filesystem would serve .GIT/config as .git/config).
+    if any(part.lower() in HIDDEN for part in relative.parts):
+        raise NotFound(f"no such file or directory: {path!r}")
+    return relative
 
 
 def _refused(exc: OSError, path: str) -> Exception:
@@ -112,7 +117,7 @@ def list_files(root: Path, user_id: str, workspace: str, path: str) -> DirListin
     truncated = False
     with _directory(workspace_dir(root, user_id, workspace), relative.parts, path) as fd:
         for name in sorted(os.listdir(fd)):
-            if name in HIDDEN:
+            if name.lower() in HIDDEN:
                 continue
             if len(entries) >= MAX_ENTRIES:
                 truncated = True

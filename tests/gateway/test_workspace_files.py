@@ -25,6 +25,7 @@ def tree(gateway: LiveGateway, make_user: Users, tmp_path: Path) -> tuple[str, s
     (ws / "README.md").write_text("# hello\n")
     (ws / "blob.bin").write_bytes(b"\x00\xff\xfe")
     (ws / ".git").mkdir()
+    (ws / ".git" / "config").write_text('[remote "origin"]\nurl = https://user:s3cret@host/r\n')
     secret = tmp_path / "secret.txt"
     secret.write_text("outside\n")
     os.symlink(secret, ws / "link.txt")
@@ -74,6 +75,10 @@ def test_lists_directories_first_and_reads_text(
         ("files", "nope", 404),
         ("file", ".", 422),
         ("file", "src", 422),
+        ("file", ".git/config", 404),  # hidden from listings, so not there by name either
+        ("file", ".GIT/config", 404),
+        ("files", ".git", 404),
+        ("files", "src/../.git", 422),
     ],
 )
 def test_paths_that_leave_or_are_not_there_are_refused(
@@ -83,6 +88,7 @@ def test_paths_that_leave_or_are_not_there_are_refused(
     response = _get(gateway, token, route, path)
     assert response.status_code == status, response.text
     assert "outside" not in response.text
+    assert "s3cret" not in response.text
 
 
 def test_another_users_workspace_is_not_reachable(

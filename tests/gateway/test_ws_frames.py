@@ -49,6 +49,33 @@ async def test_unknown_type_and_bad_field_are_errors_echoing_req(
         assert (await request(ws, {"type": "ping"}))["type"] == "pong"
 
 
+NUL = "a\u0000b"
+# Every frame that names an id or carries a text, with a NUL there: PostgreSQL cannot store
+# one, so each must be refused as input (bad_frame), never reach SQL (error internal).
+NUL_FRAMES = [
+    {"type": "subscribe", "conversation_id": NUL},
+    {"type": "user_turn", "text": NUL},
+    {"type": "user_turn", "text": "hi", "conversation_id": NUL},
+    {"type": "user_turn", "text": "hi", "client_turn_id": NUL},
+    {"type": "cancel", "turn_id": NUL},
+    {"type": "decide_tool", "call_id": "c", "decision": "deny", "reason": NUL},
+    {"type": "decide_proposal", "proposal_id": "p", "decision": "reject", "reason": NUL},
+    {"type": "answer", "question_id": "q", "text": NUL},
+    {"type": "tool_result", "call_id": "c", "token": "t", "output": NUL},
+]
+
+
+async def test_a_nul_in_any_id_or_text_is_a_bad_frame(
+    gateway: LiveGateway, make_user: Callable[[], tuple[str, str]]
+) -> None:
+    _, token = make_user()
+    async with await connect(gateway, token) as ws:
+        for frame in NUL_FRAMES:
+            reply = await request(ws, frame)
+            assert (reply["type"], reply.get("code")) == ("error", "bad_frame"), (frame, reply)
+        assert (await request(ws, {"type": "ping"}))["type"] == "pong"
+
+
 async def test_frame_over_max_size_closes_with_1009(
     start_gateway: Callable[..., LiveGateway], make_user: Callable[[], tuple[str, str]]
 ) -> None:

@@ -7,7 +7,8 @@ from pydantic import BaseModel, Field
 
 from services.gateway import conversation_admin
 from services.gateway.conversation_admin import ConversationOut
-from services.gateway.deps import CurrentUser, GatewayDep
+from services.gateway.deps import CurrentUser, GatewayDep, IdPath
+from shared.protocol import NO_NUL
 
 router = APIRouter(prefix="/api/conversations")
 
@@ -15,12 +16,12 @@ router = APIRouter(prefix="/api/conversations")
 class Rename(BaseModel):
     """Body of ``PATCH /api/conversations/{id}``."""
 
-    title: str = Field(min_length=1, max_length=200)
+    title: str = Field(min_length=1, max_length=200, pattern=NO_NUL)
 
 
 @router.patch("/{conversation_id}", response_model=ConversationOut)
 async def rename(
-    conversation_id: str, body: Rename, user: CurrentUser, gateway: GatewayDep
+    conversation_id: IdPath, body: Rename, user: CurrentUser, gateway: GatewayDep
 ) -> ConversationOut:
     """Rename my conversation."""
     title = body.title.strip() or body.title
@@ -28,6 +29,8 @@ async def rename(
 
 
 @router.delete("/{conversation_id}", response_model=ConversationOut)
-async def archive(conversation_id: str, user: CurrentUser, gateway: GatewayDep) -> ConversationOut:
+async def archive(
+    conversation_id: IdPath, user: CurrentUser, gateway: GatewayDep
+) -> ConversationOut:
     """Archive my conversation: hidden from lists, no new turns; events and proposals kept."""
     return await gateway.db(lambda s: conversation_admin.archive(s, user.id, conversation_id))
