@@ -139,26 +139,32 @@ def upload(
     so it sees the answer the server gives part-way, and how much it had sent by then.
     """
     wire = _wire(path, port, total, chunked, headers or {})
-    response, sent, pending = b"", 0, b""
+    response, sent, pending, writing = b"", 0, b"", True
     with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
         sock.setblocking(False)
         while True:  # until the server closes: its 413 says `Connection: close`
-            if not pending and not response:
+            if writing and not pending and not response:
                 pending = next(wire, b"")
-            want_write = [sock] if pending and not response else []
+            want_write = [sock] if writing and pending and not response else []
             readable, writable, _ = select.select([sock], want_write, [], timeout_s)
             if not readable and not writable:
                 break  # no answer within the timeout
-            try:
-                if readable:
+            if readable:
+                try:
                     data = sock.recv(65536)
-                    if not data:
-                        break
-                    response += data
-                elif writable:
+                except ConnectionResetError:
+                    break
+                if not data:
+                    break
+                response += data
+            elif writable:
+                try:
                     n = sock.send(pending)
-                    pending, sent = pending[n:], sent + n
-            except (BrokenPipeError, ConnectionResetError):
-                break
+                except (BrokenPipeError, ConnectionResetError):
+                    # The server answered and closed while we were still sending: its answer
+                    # may be in our receive buffer yet, so read on instead of giving up.
+                    writing = False
+                    continue
+                pending, sent = pending[n:], sent + n
     status = int(response.split(b" ", 2)[1]) if response.startswith(b"HTTP/1.1 ") else None
     return Upload(status, response, sent)
