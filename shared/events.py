@@ -110,6 +110,7 @@ class ProposalCreated(_Data):
     summary: str
     files: list[ProposalFileRef]
     parent_id: str | None = None  # set on the part a partial approval split off
+    reverts: list[str] | None = None  # added: set on a revert, the proposals it undoes
 
 
 class ProposalResolved(_Data):

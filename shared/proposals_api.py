@@ -62,6 +62,7 @@ class ProposalPublic(BaseModel):
     decided_by: str | None
     reason: str | None
     parent_id: str | None
+    reverts: list[str] | None = None  # added: set on a revert proposal, the proposals it undoes
     files: list[ProposalFilePublic]
 
 
@@ -69,6 +70,28 @@ class PendingProposals(BaseModel):
     """``GET /api/proposals/pending``: my pending proposals, oldest first."""
 
     proposals: list[ProposalPublic]
+
+
+DECIDED_DEFAULT_LIMIT = 50
+DECIDED_MAX_LIMIT = 200  # each carries its files' contents: a page, never the whole history
+
+DecidedLimit = Annotated[int, Field(ge=1, le=DECIDED_MAX_LIMIT)]
+
+
+class DecidedProposals(BaseModel):
+    """``GET /api/proposals/decided``: my decided proposals, most recently decided first."""
+
+    proposals: list[ProposalPublic]
+
+
+RevertScope = Literal["proposal", "turn"]
+
+
+class RevertBody(BaseModel):
+    """``POST /api/proposals/{id}/revert``: ``scope`` ``turn`` reverts every applied proposal
+    of that proposal's turn together, in one revert proposal; ``proposal`` (default) only it."""
+
+    scope: RevertScope = "proposal"
 
 
 class RejectedAll(BaseModel):

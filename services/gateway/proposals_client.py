@@ -13,11 +13,14 @@ from services.gateway.errors import BadInput, Conflict, NotFound, Unavailable
 from services.gateway.state import Gateway
 from shared.ids import is_id
 from shared.proposals_api import (
+    DECIDED_MAX_LIMIT,
     ApproveBody,
+    DecidedProposals,
     PendingProposals,
     ProposalPublic,
     RejectBody,
     RejectedAll,
+    RevertBody,
     WorkspaceStatus,
 )
 from shared.workspace_paths import check_workspace_name
@@ -25,6 +28,7 @@ from shared.workspace_paths import check_workspace_name
 log = logging.getLogger(__name__)
 
 Decision = Literal["approve", "reject"]
+Action = Literal["approve", "reject", "revert"]
 M = TypeVar("M", bound=BaseModel)
 
 # The refusals of the public routes, passed to the client as the service wrote them (a 409
@@ -50,7 +54,7 @@ def _detail(response: httpx.Response) -> str:
     return str(body)[:500]
 
 
-def _proposal_url(proposal_id: str, decision: Decision | None = None) -> str:
+def _proposal_url(proposal_id: str, decision: Action | None = None) -> str:
     """The upstream URL of one proposal, built from a checked id and a fixed word only.
 
     The routes type their path parameter already; this check holds for every other caller
@@ -75,14 +79,14 @@ async def _call(
         raise Unavailable(f"proposals service did not answer: {exc!r}") from exc
 
 
-def _answer(response: httpx.Response, model: type[M]) -> M | Refused:
-    """``model`` of a 200; a ``Refused`` to pass on; ``Unavailable`` for anything else."""
+def _answer(response: httpx.Response, model: type[M], success: int = 200) -> M | Refused:
+    """``model`` of a ``success``; a ``Refused`` to pass on; ``Unavailable`` for anything else."""
     if response.status_code in PASSED_ON:
         try:
             return Refused(response.status_code, response.json())
         except ValueError:
             return Refused(response.status_code, {"detail": response.text[:500]})
-    if response.status_code != 200:
+    if response.status_code != success:
         raise Unavailable(f"proposals service answered {response.status_code}: {_detail(response)}")
     try:
         return model.model_validate_json(response.content)
@@ -94,6 +98,22 @@ async def pending(gateway: Gateway, user_id: str) -> PendingProposals | Refused:
     """``user_id``'s pending proposals, oldest first."""
     response = await _call(gateway, user_id, "GET", "/api/proposals/pending")
     return _answer(response, PendingProposals)
+
+
+async def decided(gateway: Gateway, user_id: str, limit: int) -> DecidedProposals | Refused:
+    """``user_id``'s ``limit`` most recently decided proposals, newest first."""
+    if not 1 <= limit <= DECIDED_MAX_LIMIT:  # the route checks it; this holds for any caller
+        raise BadInput(f"expected a limit from 1 to {DECIDED_MAX_LIMIT}, got {limit!r}")
+    url = f"/api/proposals/decided?limit={limit:d}"
+    return _answer(await _call(gateway, user_id, "GET", url), DecidedProposals)
+
+
+async def revert(
+    gateway: Gateway, user_id: str, proposal_id: str, body: RevertBody | None
+) -> ProposalPublic | Refused:
+    """Propose undoing an applied proposal (or its turn's): 201 with the new proposal."""
+    response = await _call(gateway, user_id, "POST", _proposal_url(proposal_id, "revert"), body)
+    return _answer(response, ProposalPublic, success=201)
 
 
 async def reject_all(

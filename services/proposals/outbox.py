@@ -38,6 +38,7 @@ def created_payload(proposal: Proposal) -> dict[str, Any]:
         "summary": proposal.summary,
         "files": [{"path": f.path, "operation": f.operation} for f in proposal.files],
         "parent_id": proposal.parent_id,
+        "reverts": proposal.reverts,
     }
 
 
@@ -60,6 +61,7 @@ def publish(ctx: ServiceContext, topic: str, payload: dict[str, Any]) -> None:
     if topic == PROPOSAL_CREATED:
         data = {k: payload[k] for k in ("proposal_id", "summary", "files")}
         data["parent_id"] = payload.get("parent_id")  # rows written before it existed lack it
+        data["reverts"] = payload.get("reverts")  # null except on a revert
         ctx.events.append(conversation_id, "proposal_created", data, turn_id=turn_id)
     elif topic == PROPOSAL_RESOLVED:
         ctx.redis.publish(ctx.keys.approvals_channel, json.dumps(payload, separators=(",", ":")))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
+from typing import get_args
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
@@ -17,6 +18,7 @@ from services.proposals.ownership import owned_conversation
 from services.proposals.schemas import CreateProposal
 from shared.db import Conversation, Outbox, Proposal, ProposalFile
 from shared.db.models import ToolCall, Turn, as_utc
+from shared.events import ProposalStatus
 from shared.ids import new_id
 from shared.proposals_api import ProposalPublic
 
@@ -45,6 +47,7 @@ def proposal_public(proposal: Proposal) -> ProposalPublic:
             "decided_by": proposal.decided_by,
             "reason": proposal.reason,
             "parent_id": proposal.parent_id,
+            "reverts": proposal.reverts,
             "files": [
                 {
                     "path": f.path,
@@ -88,6 +91,26 @@ def pending_of(ctx: ServiceContext, user_id: str) -> list[Proposal]:
                 .where(Proposal.user_id == user_id, Proposal.status == "pending")
                 .options(selectinload(Proposal.files))
                 .order_by(Proposal.created_at, Proposal.id)
+            )
+        )
+
+
+DECIDED_STATUSES = tuple(s for s in get_args(ProposalStatus) if s != "pending")
+
+
+def decided_of(ctx: ServiceContext, user_id: str, limit: int) -> list[Proposal]:
+    """``user_id``'s ``limit`` most recently decided proposals, newest first."""
+    with ctx.sessions() as session:
+        return list(
+            session.scalars(
+                select(Proposal)
+                .where(
+                    Proposal.user_id == user_id,
+                    Proposal.status.in_(DECIDED_STATUSES),
+                )
+                .options(selectinload(Proposal.files))
+                .order_by(Proposal.decided_at.desc().nulls_last(), Proposal.id.desc())
+                .limit(limit)
             )
         )
 
@@ -166,8 +189,13 @@ def _refuse_if_cancelled(session: Session, turn_id: str | None) -> None:
         turn_id = session.scalar(select(ToolCall.turn_id).where(ToolCall.id == turn.parent_call_id))
 
 
-def create(ctx: ServiceContext, request: CreateProposal) -> Proposal:
-    """Store a new pending proposal and queue its ``proposal_created`` event."""
+def create(
+    ctx: ServiceContext, request: CreateProposal, reverts: list[str] | None = None
+) -> Proposal:
+    """Store a new pending proposal and queue its ``proposal_created`` event.
+
+    ``reverts``: the applied proposals a revert proposal undoes (``revert.py``).
+    """
     with ctx.sessions() as session:
         conv = owned_conversation(
             session, request.user_id, request.conversation_id, request.workspace
@@ -194,6 +222,7 @@ def create(ctx: ServiceContext, request: CreateProposal) -> Proposal:
             summary=request.summary,
             status="pending",
             version=1,
+            reverts=reverts,
             files=_file_rows(ctx, request, conv),
         )
         session.add(proposal)

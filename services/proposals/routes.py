@@ -4,21 +4,25 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path
+from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
-from services.proposals import decisions, proposals, workspaces
+from services.proposals import decisions, proposals, revert, workspaces
 from services.proposals.deps import Context, CurrentUser, IdPath, OwnedProposal, require_internal
 from services.proposals.schemas import CreateProposal
 from shared.proposals_api import (
+    DECIDED_DEFAULT_LIMIT,
     ApproveBody,
+    DecidedLimit,
+    DecidedProposals,
     ErrorDetail,
     PendingProposals,
     ProposalPublic,
     ProposalRefusal,
     RejectBody,
     RejectedAll,
+    RevertBody,
     WorkspaceStatus,
 )
 from shared.workspace_paths import WORKSPACE_NAME_MAX_CHARS, WORKSPACE_NAME_PATTERN
@@ -77,6 +81,15 @@ def list_pending(ctx: Context, user: CurrentUser) -> PendingProposals:
     return PendingProposals(proposals=[proposals.proposal_public(p) for p in pending])
 
 
+@router.get("/api/proposals/decided")
+def list_decided(
+    ctx: Context, user: CurrentUser, limit: Annotated[DecidedLimit, Query()] = DECIDED_DEFAULT_LIMIT
+) -> DecidedProposals:
+    """My ``limit`` most recently decided proposals, newest first."""
+    decided = proposals.decided_of(ctx, user.id, limit)
+    return DecidedProposals(proposals=[proposals.proposal_public(p) for p in decided])
+
+
 @router.delete("/api/proposals/all")
 def reject_all(ctx: Context, user: CurrentUser, body: RejectBody | None = None) -> RejectedAll:
     """Reject every pending proposal of mine."""
@@ -106,6 +119,15 @@ def reject(
     """Reject one of my proposals."""
     reason = body.reason if body else None
     return proposals.proposal_public(decisions.reject(ctx, proposal, user.id, reason))
+
+
+@router.post("/api/proposals/{proposal_id}/revert", status_code=201, responses=_DECISION)
+def revert_proposal(
+    ctx: Context, proposal: OwnedProposal, body: RevertBody | None = None
+) -> ProposalPublic:
+    """Propose undoing one of my applied proposals (or its turn's): a new pending proposal."""
+    scope = body.scope if body else "proposal"
+    return proposals.proposal_public(revert.revert(ctx, proposal, scope))
 
 
 @router.get(

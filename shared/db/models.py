@@ -184,6 +184,8 @@ class Proposal(Base):
     reason: Mapped[str | None] = mapped_column(Text, default=None)
     # Set on the proposal a partial approval split off: it holds the files that were approved.
     parent_id: Mapped[str | None] = mapped_column(String(40), default=None, index=True)
+    # Set on a revert proposal: the applied proposals whose changes it undoes.
+    reverts: Mapped[list[str] | None] = mapped_column(JSON, default=None)
 
     files: Mapped[list[ProposalFile]] = relationship(
         back_populates="proposal", order_by="ProposalFile.position", cascade="all, delete-orphan"

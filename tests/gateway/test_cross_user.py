@@ -98,6 +98,7 @@ def test_every_http_route_with_an_id_is_404_for_another_user(
         ("GET", "/api/proposals/{}", a.proposal_id, None),
         ("POST", "/api/proposals/{}/approve", a.proposal_id, {}),
         ("POST", "/api/proposals/{}/reject", a.proposal_id, {"reason": "no"}),
+        ("POST", "/api/proposals/{}/revert", a.proposal_id, {"scope": "turn"}),
     ]
     with httpx.Client(base_url=gw.url, headers=bearer(token_b), timeout=10.0) as b:
         for method, path, object_id, body in routes:

@@ -54,6 +54,8 @@ def test_no_input_makes_the_gateway_fail(
         "POST /api/conversations/{conversation_id}/turns",
         "POST /api/proposals/{proposal_id}/approve",
         "DELETE /api/proposals/all",
+        "GET /api/proposals/decided",
+        "POST /api/proposals/{proposal_id}/revert",
         "POST /api/workspaces",
     ):
         assert operation in checked

@@ -127,6 +127,7 @@ def _proposal(proposal_id: str, status: str) -> dict[str, Any]:
         "decided_by": "user_1",
         "reason": None,
         "parent_id": None,
+        "reverts": None,
         "files": [],
     }
 

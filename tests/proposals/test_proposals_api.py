@@ -58,6 +58,7 @@ def test_create_list_get_approve_writes_and_announces(
                 {"path": "gone.txt", "operation": "delete"},
             ],
             "parent_id": None,
+            "reverts": None,
         }
     ]
 

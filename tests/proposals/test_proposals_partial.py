@@ -75,6 +75,7 @@ def test_approving_some_files_applies_them_and_keeps_the_rest_pending(
             {"path": "c.txt", "operation": "delete"},
         ],
         "parent_id": pid,
+        "reverts": None,
     }
     assert created[0]["parent_id"] is None  # an ordinary proposal has no parent
     assert events_of(ctx, owner, "proposal_resolved") == [

@@ -8,9 +8,9 @@ URL is built, and the upstream URL is made of that id and fixed words only.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
@@ -18,13 +18,17 @@ from services.gateway import proposals_client
 from services.gateway.deps import CurrentUser, GatewayDep, IdPath
 from services.gateway.proposals_client import Refused
 from shared.proposals_api import (
+    DECIDED_DEFAULT_LIMIT,
     ApproveBody,
+    DecidedLimit,
+    DecidedProposals,
     ErrorDetail,
     PendingProposals,
     ProposalPublic,
     ProposalRefusal,
     RejectBody,
     RejectedAll,
+    RevertBody,
 )
 
 router = APIRouter(prefix="/api/proposals")
@@ -46,6 +50,16 @@ def _reply(result: M | Refused) -> M | JSONResponse:
 async def list_pending(user: CurrentUser, gateway: GatewayDep) -> PendingProposals | JSONResponse:
     """My pending proposals, oldest first."""
     return _reply(await proposals_client.pending(gateway, user.id))
+
+
+@router.get("/decided", response_model=DecidedProposals)
+async def list_decided(
+    user: CurrentUser,
+    gateway: GatewayDep,
+    limit: Annotated[DecidedLimit, Query()] = DECIDED_DEFAULT_LIMIT,
+) -> DecidedProposals | JSONResponse:
+    """My ``limit`` most recently decided proposals, newest first."""
+    return _reply(await proposals_client.decided(gateway, user.id, limit))
 
 
 @router.delete("/all", response_model=RejectedAll)
@@ -80,3 +94,13 @@ async def reject(
     """Reject one of my proposals."""
     result = await proposals_client.decide(gateway, user.id, proposal_id, "reject", body)
     return _reply(result)
+
+
+@router.post(
+    "/{proposal_id}/revert", status_code=201, response_model=ProposalPublic, responses=_DECISION
+)
+async def revert(
+    proposal_id: IdPath, user: CurrentUser, gateway: GatewayDep, body: RevertBody | None = None
+) -> ProposalPublic | JSONResponse:
+    """Propose undoing one of my applied proposals (or its turn's): a new pending proposal."""
+    return _reply(await proposals_client.revert(gateway, user.id, proposal_id, body))

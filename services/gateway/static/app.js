@@ -25,6 +25,7 @@ const CONTEXT_WINDOW_TOKENS = 200_000;  // Claude models' window; the gauge is a
 const FAILED = new Set(["error", "timeout", "lost"]);
 const ACTIVE = new Set(["running", "needs_decision", "allowed", "waiting"]);
 const STICK_PX = 48;  // this close to the bottom counts as "at the bottom"
+const DECIDED_SHOWN = 50;  // decided proposals loaded at start (GET /api/proposals/decided)
 
 const state = {
   token: null,
@@ -236,7 +237,7 @@ function onEvent(e) {
       toolUpdate(turn, d.call_id, { tool: d.tool, status: d.status, output: d.output, error: d.error, durationMs: d.duration_ms, finishedTs: e.ts });
       break;
     case "proposal_created":
-      turnNote(turn, `proposed ${d.files.map((f) => `${f.operation} ${f.path}`).join(", ")} — see Changes`);
+      turnNote(turn, `${d.reverts ? "revert " : ""}proposed ${d.files.map((f) => `${f.operation} ${f.path}`).join(", ")} — see Changes`);
       showProposal(d.proposal_id);
       break;
     case "proposal_resolved":
@@ -317,6 +318,10 @@ function turnView(turnId, parentCallId) {
     t.retry = button("retry", "Retry", () => retryTurn(t), "Retry this message as a new turn");
     t.retry.disabled = true;
     user.after(t.retry);
+    t.revert = button("revert-turn", "Revert changes", () => revertTurn(t), "Propose undoing the changes this turn applied");
+    t.revert.hidden = true;
+    summary.after(t.revert);
+    refreshRevert(t);
   }
   return t;
 }
@@ -326,6 +331,46 @@ function rootOf(turn) { return turn.parent ? rootOf(turn.parent) : turn; }
 function retryTurn(turn) {
   if (!turn.text || !state.conversationId) return;
   send({ type: "user_turn", conversation_id: state.conversationId, text: turn.text, client_turn_id: crypto.randomUUID() });
+}
+
+// -- reverting applied changes: always a new proposal for the human to approve --------------
+
+function isReverted(id) {
+  // A revert of it waits or was applied: offering another would only conflict.
+  for (const q of state.proposals.values()) {
+    if ((q.reverts || []).includes(id) && (q.status === "pending" || q.status === "applied")) return true;
+  }
+  return false;
+}
+
+function revertable(turnId) {
+  return [...state.proposals.values()].filter((p) => p.turn_id === turnId && p.status === "applied" && !isReverted(p.proposal_id));
+}
+
+function refreshRevert(turn) {
+  if (turn.revert) turn.revert.hidden = revertable(turn.id).length === 0;
+}
+
+async function revertTurn(turn) {
+  const first = revertable(turn.id)[0];
+  if (!first) return;
+  turn.revert.disabled = true;
+  try {
+    // One proposal for the whole turn: two changes of one file revert together.
+    const back = await api("POST", `/api/proposals/${encodeURIComponent(first.proposal_id)}/revert`, { scope: "turn" });
+    renderProposal(back);
+    updateCounts();
+    openSide("changes");
+  } catch (e) {
+    turnNote(turn, `revert: ${e.message}`);
+  } finally {
+    turn.revert.disabled = false;
+  }
+}
+
+async function revertProposal(id) {
+  try { renderProposal(await api("POST", `/api/proposals/${encodeURIComponent(id)}/revert`, { scope: "proposal" })); } catch (e) { note(`revert ${id}: ${e.message}`); }
+  updateCounts();
 }
 
 function turnItem(turn, node) {
@@ -574,8 +619,14 @@ function logEvent(e) {
 // -- the Changes inbox (every conversation) ------------------------------------------------
 
 async function loadInbox() {
-  const { proposals } = await api("GET", "/api/proposals/pending");
-  for (const p of proposals) renderProposal(p);
+  const [pending, decided] = await Promise.all([
+    api("GET", "/api/proposals/pending"),
+    api("GET", `/api/proposals/decided?limit=${DECIDED_SHOWN}`),
+  ]);
+  // Newest first: each is put on top, so the oldest goes first. One a live event already
+  // rendered is fresher than this listing and stays as it is.
+  for (const p of decided.proposals.reverse()) if (!state.proposals.has(p.proposal_id)) renderProposal(p);
+  for (const p of pending.proposals) renderProposal(p);
   updateCounts();
 }
 
@@ -604,6 +655,7 @@ function renderProposal(p) {
   }
   meta.append(`${p.workspace ? `workspace ${p.workspace} · ` : ""}${localTime(p.created_at)}`);
   if (p.reason) meta.append(` · ${p.reason}`);
+  if (p.reverts) meta.append(` · reverts ${p.reverts.join(", ")}`);
   const parts = [head, meta];
   for (const f of p.files || []) {
     const file = el("details", "file");
@@ -625,10 +677,16 @@ function renderProposal(p) {
       button("reject", "Reject", () => decideProposal(id, "reject")),
     );
     parts.push(row);
+  } else if (p.status === "applied" && !isReverted(id)) {
+    const row = el("div", "row");
+    row.append(button("revert", p.reverts ? "Undo revert" : "Revert", () => revertProposal(id), `Propose undoing ${p.summary || id}`));
+    parts.push(row);
   }
   const conflict = box.querySelector(".conflict");
   box.replaceChildren(...parts);
   if (conflict && (pending || p.status === "conflict")) box.append(conflict);
+  // A revert hides the Revert button of what it reverts.
+  for (const r of p.reverts || []) { const o = state.proposals.get(r); if (o && o.status === "applied") renderProposal(o); }
 }
 
 async function decideProposal(id, decision, files) {
@@ -663,6 +721,7 @@ $("split-diffs").addEventListener("change", () => {
 function updateCounts() {
   const pending = [...state.proposals.values()].filter((p) => p.status === "pending");
   $("pending-count").textContent = String(pending.length);
+  for (const t of Object.values(state.turns)) refreshRevert(t);
   renderConversationList();
 }
 
