@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 ErrorCode = Literal[
     "bad_frame",
@@ -63,9 +63,33 @@ class ClientToolSpec(BaseModel):
     """A tool the client runs itself, declared on ``user_turn``."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$", max_length=64)
-    description: str = Field(default="", max_length=MAX_TOOL_DESCRIPTION_CHARS)
+    description: str = Field(default="", max_length=MAX_TOOL_DESCRIPTION_CHARS, pattern=NO_NUL)
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
     timeout_s: float = Field(default=60.0, gt=0, le=3600)
+
+    @field_validator("input_schema")
+    @classmethod
+    def _no_nul(cls, schema: dict[str, Any]) -> dict[str, Any]:
+        # Stored as JSON with the turn: PostgreSQL refuses a NUL anywhere in it (a 500).
+        if _holds_nul(schema):
+            raise ValueError("input_schema may not contain a NUL character")
+        return schema
+
+
+def _holds_nul(value: Any) -> bool:
+    """True if a NUL is in any string (key or value) of a JSON value; iterative, any depth."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
 
 
 class Subscribe(_Frame):

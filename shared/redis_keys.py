@@ -55,6 +55,10 @@ class RedisKeys:
         """A single-use WebSocket ticket."""
         return f"{self.prefix}ws-ticket:{ticket}"
 
+    def sse_resume(self, ticket_hash: str) -> str:
+        """What a consumed ticket still allows: its EventSource's own reconnects (gateway)."""
+        return f"{self.prefix}sse-resume:{ticket_hash}"
+
     def rate(self, user_id: str, window: int) -> str:
         """Per-user frame counter for one rate-limit window."""
         return f"{self.prefix}rate:{user_id}:{window}"

@@ -60,7 +60,13 @@ def session_for(database_url: str) -> Iterator[Session]:
                         f"the database at {safe_url(database_url)} has no Signalbox schema: "
                         "run `signalbox migrate` first"
                     ) from None
-                raise
+                # Most often: run outside the directory of `signalbox up`, whose database
+                # is the relative default sqlite:///var/signalbox.db.
+                raise AdminError(
+                    f"cannot use the database at {safe_url(database_url)}: {exc.orig}. Run this "
+                    "from the directory you ran `signalbox up` in, or set "
+                    "SIGNALBOX_DATABASE_URL"
+                ) from None
     finally:
         engine.dispose()
 

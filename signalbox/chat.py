@@ -20,10 +20,12 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TextIO
 
+from pydantic import BaseModel
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from shared.event_stream import id_after
+from shared.protocol import Answer, Cancel, DecideProposal, DecideTool, Subscribe, UserTurn
 from signalbox.chat_render import Renderer, render_proposal
 from signalbox.gateway_api import ApiError, ProposalsApi, ws_url
 
@@ -36,6 +38,20 @@ OPEN_TIMEOUT_S = 10.0
 RESOLVED_GRACE_S = 10.0  # after an approval's ack, how long --once waits for its event
 DEFAULT_ONCE_TIMEOUT_S = 600.0
 HELP = "type a message; /cancel stops the running turn, /quit leaves"
+# An open prompt is printed again once other output has stopped for this long, so it is
+# never left buried under later lines; a prompt resolved within it is never shown at all
+# (a replayed conversation asks nothing it already decided).
+PROMPT_SETTLE_S = 0.3
+DONE = {"approve": "approved", "reject": "rejected"}
+PROPOSAL_ANSWERS = {"y": "approve", "yes": "approve", "a": "approve", "approve": "approve",
+                    "n": "reject", "no": "reject", "r": "reject", "reject": "reject"}  # fmt: skip
+TOOL_ANSWERS = {"a": "allow", "allow": "allow", "y": "allow", "yes": "allow",
+                "d": "deny", "deny": "deny", "n": "deny", "no": "deny"}  # fmt: skip
+
+
+def frame_of(model: BaseModel) -> Frame:
+    """A client frame of ``shared/protocol.py`` as the dict the chat sends and remembers."""
+    return model.model_dump(mode="json", exclude_none=True)
 
 
 class ChatError(RuntimeError):
@@ -85,6 +101,16 @@ class Prompt:
     kind: Literal["proposal", "tool", "question"]
     target_id: str
     text: str
+    shown_after: int | None = None  # how many lines had been typed when it was first shown
+
+    def takes(self, line: str) -> bool:
+        """True when ``line`` is an answer to this prompt (any text is, to a question)."""
+        word = line.strip().lower()
+        if self.kind == "proposal":
+            return word in PROPOSAL_ANSWERS
+        if self.kind == "tool":
+            return word in TOOL_ANSWERS
+        return True
 
 
 @dataclass
@@ -129,14 +155,42 @@ class ChatClient:
         self._changed = asyncio.Event()
         self._stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self.typed = 0  # lines typed so far (a prompt answers only lines typed after it)
+        self.held = 0  # messages typed while a prompt was open, waiting for their turn
+        self._prompt_shown = False  # the head prompt is the last thing printed
+        self._prompt_timer: asyncio.TimerHandle | None = None
 
     # -- output ----------------------------------------------------------------------------
 
     def emit(self, text: str) -> None:
-        """Write ``text`` to the terminal now."""
+        """Write ``text`` to the terminal now (an open prompt is shown again after it)."""
         if text:
             self.out.write(text)
             self.out.flush()
+            self._prompt_shown = False
+            self._settle_prompt()
+
+    def _settle_prompt(self) -> None:
+        if not self.prompts:
+            return
+        with contextlib.suppress(RuntimeError):  # no running loop: shown on the next output
+            loop = asyncio.get_running_loop()
+            if self._prompt_timer is not None:
+                self._prompt_timer.cancel()
+            self._prompt_timer = loop.call_later(PROMPT_SETTLE_S, self._show_prompt)
+
+    def _show_prompt(self) -> None:
+        """Print the oldest open prompt, unless it is already the last thing printed."""
+        self._prompt_timer = None
+        if not self.prompts or self._prompt_shown or self.renderer.in_text:
+            if self.prompts and self.renderer.in_text:
+                self._settle_prompt()  # mid-way through streamed text: after its line ends
+            return
+        prompt = self.prompts[0]
+        if prompt.shown_after is None:
+            prompt.shown_after = self.typed
+        self.emit(self.renderer.lines([f"? {prompt.text}"]))
+        self._prompt_shown = True
 
     def say(self, *lines: str) -> None:
         """Print whole lines (after any half-printed streamed text)."""
@@ -170,22 +224,23 @@ class ChatClient:
 
     async def _subscribe(self, conversation_id: str, after: str | None) -> None:
         self.state.following.add(conversation_id)
-        await self.send({"type": "subscribe", "conversation_id": conversation_id, "after": after})
+        subscribe = Subscribe(type="subscribe", conversation_id=conversation_id, after=after)
+        await self.send({**frame_of(subscribe), "after": after})
 
     async def send_turn(self, text: str) -> None:
         """Send one user turn (idempotent through its ``client_turn_id``)."""
         self.state.client_turn_id = uuid.uuid4().hex
         self.state.turn_id = None
         self.state.turn_status = None
-        frame: Frame = {
-            "type": "user_turn",
-            "conversation_id": self.state.conversation_id,
-            "text": text,
-            "client_turn_id": self.state.client_turn_id,
-        }
-        if self.options.workspace and self.state.conversation_id is None:
-            frame["workspace"] = self.options.workspace
-        await self.send(frame)
+        new = self.state.conversation_id is None
+        turn = UserTurn(
+            type="user_turn",
+            conversation_id=self.state.conversation_id,
+            text=text,
+            client_turn_id=self.state.client_turn_id,
+            workspace=self.options.workspace if new and self.options.workspace else None,
+        )
+        await self.send(frame_of(turn))
 
     # -- the connection --------------------------------------------------------------------
 
@@ -266,10 +321,18 @@ class ChatClient:
             self._spawn(self._show_proposal(proposal_id))
         elif kind == "proposal_resolved":
             state.resolved.add(str(data.get("proposal_id")))
+            self.close_prompt("proposal", str(data.get("proposal_id")))
         elif kind == "tool_call_needs_decision":
             await self._tool_decision(str(data.get("call_id")), str(data.get("tool")))
+        elif kind == "tool_call_decided":
+            self.close_prompt("tool", str(data.get("call_id")))
         elif kind == "question":
             self._question(str(data.get("question_id")))
+        elif kind == "question_answered":
+            self.close_prompt("question", str(data.get("question_id")))
+        elif kind == "tool_call_finished":  # a question that timed out, a call cancelled
+            self.close_prompt("tool", str(data.get("call_id")))
+            self.close_prompt("question", str(data.get("call_id")))
         elif kind == "turn_finished" and event.get("turn_id") == state.turn_id:
             state.turn_status = str(data.get("status"))
 
@@ -309,7 +372,8 @@ class ChatClient:
                     status = frame.get("status")
                     if status == "applied":
                         state.approved.add(proposal_id)
-                    self.say(f"** proposal {proposal_id} {sent['decision']}d: now {status}")
+                    done = DONE.get(str(sent["decision"]), str(sent["decision"]))
+                    self.say(f"** proposal {proposal_id} {done}: now {status}")
                 else:
                     state.decision_failed = True
                     self.emit(self.renderer.render_frame(frame))
@@ -329,17 +393,23 @@ class ChatClient:
         self._changed_now()
 
     async def _show_proposal(self, proposal_id: str) -> None:
+        status = "pending"
         try:
             proposal = await asyncio.to_thread(self.api.get, proposal_id)
         except ApiError as exc:
             self.say(f"error: cannot show proposal {proposal_id}: {exc}")
         else:
             self.say(*render_proposal(proposal))
+            status = str(proposal.get("status"))
         policy = self.options.policy
-        if policy in ("approve", "reject"):
-            await self.send(
-                {"type": "decide_proposal", "proposal_id": proposal_id, "decision": policy}
+        if status != "pending" or proposal_id in self.state.resolved:
+            # Decided already (a conversation shown again from its start): nothing to ask.
+            self.state.undecided.discard(proposal_id)
+        elif policy in ("approve", "reject"):
+            decide = DecideProposal(
+                type="decide_proposal", proposal_id=proposal_id, decision=policy
             )
+            await self.send(frame_of(decide))
         elif policy == "ask":
             self.open_prompt(
                 Prompt("proposal", proposal_id, f"approve proposal {proposal_id}? [y/n]")
@@ -351,59 +421,78 @@ class ChatClient:
     async def _tool_decision(self, call_id: str, tool: str) -> None:
         policy = self.options.policy
         if policy in ("approve", "reject"):
-            decision = "allow" if policy == "approve" else "deny"
-            await self.send({"type": "decide_tool", "call_id": call_id, "decision": decision})
+            decision: Literal["allow", "deny"] = "allow" if policy == "approve" else "deny"
+            await self.send(
+                frame_of(DecideTool(type="decide_tool", call_id=call_id, decision=decision))
+            )
         elif policy == "ask":
             self.open_prompt(
-                Prompt("tool", call_id, f"allow {tool} (call {call_id})? [a]llow/[d]eny")
+                Prompt("tool", call_id, f"allow {tool} (call {call_id})? [a]llow/[d]eny"),
+                settle=True,
             )
         else:
             self.say("   (waiting for a decision from another client)")
 
     def _question(self, question_id: str) -> None:
         if self.options.policy == "ask":
-            self.open_prompt(Prompt("question", question_id, "your answer:"))
+            self.open_prompt(Prompt("question", question_id, "your answer:"), settle=True)
         else:
             self.say("   (waiting for an answer from another client)")
 
-    def open_prompt(self, prompt: Prompt) -> None:
-        """Queue ``prompt``; it is shown when the prompts before it are answered."""
+    def open_prompt(self, prompt: Prompt, settle: bool = False) -> None:
+        """Queue ``prompt``; it is shown when the prompts before it are answered.
+
+        ``settle``: show it only once output has settled, so a prompt that a replayed
+        event resolves right after (``tool_call_decided``...) is never shown.
+        """
         self.prompts.append(prompt)
         if len(self.prompts) == 1:
-            self.say(f"? {prompt.text}")
+            if settle and _has_loop():
+                self._settle_prompt()
+            else:
+                self._show_prompt()
+
+    def close_prompt(self, kind: str, target_id: str) -> None:
+        """Drop the prompt for ``target_id``: it was decided elsewhere (or before)."""
+        head = self.prompts[0] if self.prompts else None
+        kept = [p for p in self.prompts if not (p.kind == kind and p.target_id == target_id)]
+        if len(kept) == len(self.prompts):
+            return
+        self.prompts = deque(kept)
+        if head is not None and (not self.prompts or self.prompts[0] is not head):
+            self._prompt_shown = False
+            self._settle_prompt()
+
+    def _reprompt(self) -> None:
+        self._prompt_shown = False
+        self._show_prompt()
 
     async def answer(self, line: str) -> None:
         """Use ``line`` as the answer to the oldest open prompt."""
         prompt = self.prompts[0]
         word = line.strip().lower()
+        frame: BaseModel
         if prompt.kind == "question":
-            frame: Frame = {"type": "answer", "question_id": prompt.target_id, "text": line}
-        elif prompt.kind == "proposal" and word in (
-            "y",
-            "yes",
-            "a",
-            "approve",
-            "n",
-            "no",
-            "r",
-            "reject",
-        ):
-            decision = "approve" if word in ("y", "yes", "a", "approve") else "reject"
-            frame = {
-                "type": "decide_proposal",
-                "proposal_id": prompt.target_id,
-                "decision": decision,
-            }
-        elif prompt.kind == "tool" and word in ("a", "allow", "y", "yes", "d", "deny", "n", "no"):
-            decision = "allow" if word in ("a", "allow", "y", "yes") else "deny"
-            frame = {"type": "decide_tool", "call_id": prompt.target_id, "decision": decision}
+            frame = Answer(type="answer", question_id=prompt.target_id, text=line)
+        elif prompt.kind == "proposal" and word in PROPOSAL_ANSWERS:
+            frame = DecideProposal(
+                type="decide_proposal",
+                proposal_id=prompt.target_id,
+                decision="approve" if PROPOSAL_ANSWERS[word] == "approve" else "reject",
+            )
+        elif prompt.kind == "tool" and word in TOOL_ANSWERS:
+            frame = DecideTool(
+                type="decide_tool",
+                call_id=prompt.target_id,
+                decision="allow" if TOOL_ANSWERS[word] == "allow" else "deny",
+            )
         else:
-            self.say(f"? {prompt.text}")
+            self._reprompt()
             return
         self.prompts.popleft()
-        await self.send(frame)
+        await self.send(frame_of(frame))
         if self.prompts:
-            self.say(f"? {self.prompts[0].text}")
+            self._reprompt()
 
     # -- the two ways to run ---------------------------------------------------------------
 
@@ -472,11 +561,14 @@ class ChatClient:
 
     async def _interactive(self, lines: AsyncIterator[str]) -> int:
         self.say(HELP)
-        typed: asyncio.Queue[str | None] = asyncio.Queue()
-        consumer = asyncio.create_task(self._use_typed_lines(typed))
+        typed: asyncio.Queue[tuple[str, int] | None] = asyncio.Queue()
+        messages: asyncio.Queue[str | None] = asyncio.Queue()
+        consumer = asyncio.create_task(self._use_typed_lines(typed, messages))
+        sender = asyncio.create_task(self._send_messages(messages))
         try:
             async for raw in lines:
                 line = raw.strip()
+                self.typed += 1
                 # Commands act at once, even mid-turn; text waits for its turn (or prompt).
                 if line == "/quit":
                     return 0
@@ -485,10 +577,12 @@ class ChatClient:
                 elif line in ("/help", "/?"):
                     self.say(HELP)
                 else:
-                    typed.put_nowait(raw.rstrip("\n"))
+                    typed.put_nowait((raw.rstrip("\n"), self.typed))
             # End of input (a pipe): use what was typed, let the last turn finish, leave.
             typed.put_nowait(None)
             await consumer
+            messages.put_nowait(None)
+            await sender
             state = self.state
             await self._until(lambda: state.client_turn_id is None or bool(state.turn_status))
             with contextlib.suppress(TimeoutError):
@@ -496,22 +590,64 @@ class ChatClient:
             return 0
         finally:
             consumer.cancel()
-            await asyncio.gather(consumer, return_exceptions=True)
+            sender.cancel()
+            await asyncio.gather(consumer, sender, return_exceptions=True)
 
-    async def _use_typed_lines(self, typed: asyncio.Queue[str | None]) -> None:
-        while (line := await typed.get()) is not None:
+    async def _use_typed_lines(
+        self, typed: asyncio.Queue[tuple[str, int] | None], messages: asyncio.Queue[str | None]
+    ) -> None:
+        """Each typed line answers the open prompt if it is an answer to it, else it is a
+        message, kept for when no turn runs: a line typed meanwhile is never lost."""
+        while (item := await typed.get()) is not None:
+            line, number = item
             await self._until(self.ready_for_input)
-            if self.prompts:
+            prompt = self.prompts[0] if self.prompts else None
+            # A question takes any text, so only a line typed after it was shown; y/n and
+            # allow/deny take a line typed ahead (a script piping its answers).
+            shown_after = prompt.shown_after if prompt is not None else None
+            typed_after = shown_after is not None and number > shown_after
+            if (
+                prompt is not None
+                and prompt.takes(line)
+                and (prompt.kind != "question" or typed_after)
+            ):
                 await self.answer(line)
-            elif line.strip():
+                continue
+            if not line.strip():
+                continue
+            if prompt is None and not self.held:
                 await self.send_turn(line.strip())
+                continue
+            self.held += 1
+            messages.put_nowait(line.strip())
+            if prompt is not None:
+                self.say(f"(kept as your next message: {line.strip()[:60]})")
+                self._reprompt()
+
+    def ready_for_turn(self) -> bool:
+        """True when a message can go out as a new turn: no prompt open, no turn running."""
+        return not self.prompts and self.ready_for_input()
+
+    async def _send_messages(self, messages: asyncio.Queue[str | None]) -> None:
+        while (text := await messages.get()) is not None:
+            await self._until(self.ready_for_turn)
+            await self.send_turn(text)
+            self.held -= 1
 
     async def _cancel(self) -> None:
         state = self.state
         if state.turn_id is None or state.turn_status is not None:
             self.say("(no running turn to cancel)")
             return
-        await self.send({"type": "cancel", "turn_id": state.turn_id})
+        await self.send(frame_of(Cancel(type="cancel", turn_id=state.turn_id)))
+
+
+def _has_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 async def stdin_lines() -> AsyncIterator[str]:

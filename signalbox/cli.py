@@ -10,7 +10,7 @@ from pathlib import Path
 
 from shared.settings import CommonSettings, SettingsError, load
 from signalbox import admin
-from signalbox.gateway_api import DEFAULT_GATEWAY_URL, ApiError, ProposalsApi, resolve_token
+from signalbox.gateway_api import ApiError, ProposalsApi, resolve_token, resolve_url
 
 
 def _port(value: str) -> int:
@@ -23,7 +23,9 @@ def _port(value: str) -> int:
 def _client_options(parser: argparse.ArgumentParser) -> None:
     """``--url`` and ``--token``: how a client command reaches the gateway as a user."""
     parser.add_argument(
-        "--url", default=DEFAULT_GATEWAY_URL, help=f"gateway URL (default {DEFAULT_GATEWAY_URL})"
+        "--url",
+        help="gateway URL (default: $SIGNALBOX_GATEWAY_URL, else ./var/gateway-url written by "
+        "`signalbox up`, else http://127.0.0.1:8000)",
     )
     parser.add_argument(
         "--token",
@@ -40,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="run every service on this machine and print a login URL")
     up.add_argument("--port", type=_port, default=8000, help="gateway port (default 8000)")
+    up.add_argument(
+        "--proposals-port", type=_port, default=None, help="proposals service port (default: free)"
+    )
     up.add_argument("--var", type=Path, default=Path("var"), help="state directory (default ./var)")
     up.add_argument(
         "--host", default="127.0.0.1", help="address the services listen on (default 127.0.0.1)"
@@ -139,7 +144,11 @@ def _up(args: argparse.Namespace) -> int:
     from signalbox.up import UpError, UpOptions, run_up
 
     options = UpOptions(
-        port=args.port, var_dir=args.var, host=args.host, tools_workers=args.tools_workers
+        port=args.port,
+        proposals_port=args.proposals_port or 0,
+        var_dir=args.var,
+        host=args.host,
+        tools_workers=args.tools_workers,
     )
     try:
         return run_up(options)
@@ -161,7 +170,7 @@ def _chat(args: argparse.Namespace) -> int:
     elif args.reject_all:
         policy = "reject"
     options = ChatOptions(
-        url=args.url,
+        url=resolve_url(args.url),
         token=resolve_token(args.token),
         conversation_id=args.conversation,
         workspace=args.workspace,
@@ -178,7 +187,7 @@ def _chat(args: argparse.Namespace) -> int:
 def _proposals(args: argparse.Namespace) -> int:
     from signalbox.proposals_cli import run_proposals
 
-    api = ProposalsApi(args.url, resolve_token(args.token))
+    api = ProposalsApi(resolve_url(args.url), resolve_token(args.token))
     return run_proposals(
         api,
         args.proposals_command,

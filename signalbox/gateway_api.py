@@ -1,7 +1,8 @@
-"""What the terminal commands need from the gateway's HTTP API: the token, and proposals.
+"""What the terminal commands need to reach the gateway: its URL, the token, and proposals.
 
-``signalbox chat`` and ``signalbox proposals`` both talk to one gateway URL with a user's
-bearer token; this module finds the token and wraps the ``/api/proposals/...`` routes.
+``signalbox chat`` and ``signalbox proposals`` both talk to one gateway with a user's bearer
+token through the SDK (``signalbox.client``); this module finds the URL and the token and
+keeps the commands' dict-shaped view of proposals (what ``chat_render`` prints).
 """
 
 from __future__ import annotations
@@ -11,29 +12,34 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
+from signalbox.client import Client, Conflict, NotFound, SignalboxError, ws_url
 
 DEFAULT_GATEWAY_URL = "http://127.0.0.1:8000"
 TOKEN_ENV = "SIGNALBOX_TOKEN"
-# Where `signalbox up` (run from the same directory) keeps the admin's token.
+GATEWAY_URL_ENV = "SIGNALBOX_GATEWAY_URL"
+# Where `signalbox up` (run from the same directory) keeps the admin's token and its URL.
 ADMIN_TOKEN_FILE = Path("var") / "admin-token"
+GATEWAY_URL_FILE = Path("var") / "gateway-url"
 HTTP_TIMEOUT_S = 30.0  # an approval applies files and commits; give it room
 
+ApiError = SignalboxError  # the commands' name for any refusal (kept for their callers)
 
-class ApiError(RuntimeError):
-    """The gateway refused or could not do a request; the message is for the operator."""
+__all__ = [
+    "ApiError",
+    "Conflict",
+    "NotFound",
+    "ProposalsApi",
+    "resolve_token",
+    "resolve_url",
+    "ws_url",
+]
 
 
-class NotFound(ApiError):
-    """No such object for this user (another user's object is not found either)."""
-
-
-class Conflict(ApiError):
-    """The request clashes with the object's state, e.g. a file changed since the proposal."""
-
-    def __init__(self, message: str, body: Mapping[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.body: dict[str, Any] = dict(body or {})
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return ""
 
 
 def resolve_token(
@@ -47,10 +53,7 @@ def resolve_token(
     env = os.environ if env is None else env
     if env.get(TOKEN_ENV):
         return env[TOKEN_ENV]
-    try:
-        saved = token_file.read_text().strip()
-    except (FileNotFoundError, NotADirectoryError):
-        saved = ""
+    saved = _read(token_file)
     if saved:
         return saved
     raise ApiError(
@@ -59,88 +62,42 @@ def resolve_token(
     )
 
 
-def ws_url(gateway_url: str) -> str:
-    """The WebSocket URL of the gateway at ``gateway_url`` (``http(s)://host:port``)."""
-    base = gateway_url.rstrip("/")
-    if base.startswith("https://"):
-        return "wss://" + base.removeprefix("https://") + "/ws"
-    if base.startswith("http://"):
-        return "ws://" + base.removeprefix("http://") + "/ws"
-    raise ApiError(f"expected a gateway URL starting http:// or https://, got {gateway_url!r}")
-
-
-def _detail(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:300] or response.reason_phrase
-    if isinstance(body, dict) and "detail" in body:
-        return str(body["detail"])
-    return str(body)[:300]
+def resolve_url(
+    given: str | None,
+    env: Mapping[str, str] | None = None,
+    url_file: Path = GATEWAY_URL_FILE,
+) -> str:
+    """The gateway to use: ``--url``, else ``$SIGNALBOX_GATEWAY_URL``, else the URL
+    ``signalbox up`` wrote to ``./var/gateway-url``, else ``http://127.0.0.1:8000``."""
+    if given:
+        return given
+    env = os.environ if env is None else env
+    return env.get(GATEWAY_URL_ENV) or _read(url_file) or DEFAULT_GATEWAY_URL
 
 
 class ProposalsApi:
-    """The gateway's ``/api/proposals/...`` routes, acting as the token's user."""
+    """The gateway's ``/api/proposals/...`` routes through the SDK, as plain dicts."""
 
     def __init__(self, gateway_url: str, token: str, timeout_s: float = HTTP_TIMEOUT_S) -> None:
         self.base = gateway_url.rstrip("/")
-        self.client = httpx.Client(
-            base_url=self.base,
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=timeout_s,
-        )
+        self.client = Client(self.base, token, timeout_s)
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
         self.client.close()
 
-    def _request(self, method: str, path: str, what: str, json: Any = None) -> dict[str, Any]:
-        try:
-            response = self.client.request(method, path, json=json)
-        except httpx.HTTPError as exc:
-            raise ApiError(f"cannot reach the gateway at {self.base}: {exc!r}") from None
-        if response.status_code == 401:
-            raise ApiError(f"the gateway at {self.base} refused the token (401)")
-        if response.status_code == 404:
-            raise NotFound(f"{what} not found")
-        if response.status_code == 409:
-            body = response.json() if _is_json(response) else {}
-            raise Conflict(f"{what}: conflict: {_detail(response)}", body)
-        if response.status_code >= 400:
-            raise ApiError(
-                f"{what}: the gateway answered {response.status_code}: {_detail(response)}"
-            )
-        result: dict[str, Any] = response.json()
-        return result
-
     def pending(self) -> list[dict[str, Any]]:
         """My pending proposals, oldest first."""
-        body = self._request("GET", "/api/proposals/pending", "pending proposals")
-        proposals: list[dict[str, Any]] = body.get("proposals", [])
-        return proposals
+        return [p.model_dump(mode="json") for p in self.client.pending_proposals()]
 
     def get(self, proposal_id: str) -> dict[str, Any]:
         """One proposal with each file's diff."""
-        return self._request("GET", f"/api/proposals/{proposal_id}", _what(proposal_id))
+        return self.client.proposal(proposal_id).model_dump(mode="json")
 
     def approve(self, proposal_id: str) -> dict[str, Any]:
         """Apply a proposal; ``Conflict`` if a file changed since it was proposed."""
-        return self._request("POST", f"/api/proposals/{proposal_id}/approve", _what(proposal_id))
+        return self.client.approve(proposal_id).model_dump(mode="json")
 
     def reject(self, proposal_id: str, reason: str | None = None) -> dict[str, Any]:
         """Reject a proposal."""
-        return self._request(
-            "POST",
-            f"/api/proposals/{proposal_id}/reject",
-            _what(proposal_id),
-            json={"reason": reason},
-        )
-
-
-def _what(proposal_id: str) -> str:
-    return f"proposal {proposal_id!r}"
-
-
-def _is_json(response: httpx.Response) -> bool:
-    content_type: str = response.headers.get("content-type", "")
-    return content_type.startswith("application/json")
+        return self.client.reject(proposal_id, reason).model_dump(mode="json")

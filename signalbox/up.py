@@ -37,6 +37,7 @@ SECRET_FILE_MODE = PRIVATE_FILE_MODE
 # What an older `signalbox up` may have left readable by every local user.
 STATE_DIRS = ("logs", "workspaces", "redis")
 STATE_FILES = ("internal-token", "admin-token")
+GATEWAY_URL_FILE = "gateway-url"  # the URL the gateway of the last `up` listens on
 SQLITE_SUFFIXES = ("", "-wal", "-shm", "-journal")
 # How often the supervisor looks at its children when no SIGCHLD woke it (a backstop only).
 SUPERVISE_INTERVAL_S = 1.0
@@ -51,6 +52,7 @@ class UpOptions:
     """What the operator chose on the command line."""
 
     port: int = 8000
+    proposals_port: int = 0  # 0: any free port
     var_dir: Path = Path("var")
     host: str = "127.0.0.1"
     tools_workers: int = 1
@@ -252,6 +254,7 @@ def run_up(options: UpOptions, out: TextIO = sys.stdout) -> int:
                 internal_token=internal_token,
                 redis_prefix=common.redis_prefix,
                 gateway_port=options.port,
+                proposals_port=options.proposals_port,
                 host=options.host,
                 tools_workers=options.tools_workers,
                 extra_env={
@@ -266,6 +269,8 @@ def run_up(options: UpOptions, out: TextIO = sys.stdout) -> int:
             stack.start()
         except StartError as exc:
             raise UpError(str(exc)) from None
+        # `signalbox chat` and `proposals` run from this directory find the gateway here.
+        write_secret(var / GATEWAY_URL_FILE, stack.gateway_url)
         print_banner(out, stack, admin_token, model_description(env), var / "logs")
         return Supervisor(stack, redis, out).run()
     except KeyboardInterrupt:

@@ -10,8 +10,10 @@ from sqlalchemy.orm import Session
 
 from services.gateway.conversations import pending_calls
 from shared.db import Conversation, ToolCall, Turn
+from shared.statuses import UNFINISHED_TURNS, CallState
+from shared.timestamps import rfc3339
 
-ACTIVE_TURN_STATUSES = ("queued", "running", "parked")  # a turn that may still emit events
+ACTIVE_TURN_STATUSES = UNFINISHED_TURNS  # a turn that may still emit events
 
 
 class ConversationActivity(BaseModel):
@@ -31,8 +33,7 @@ class Activity(BaseModel):
 
 
 def _iso(value: datetime) -> str:
-    aware = value if value.tzinfo else value.replace(tzinfo=UTC)
-    return aware.isoformat().replace("+00:00", "Z")
+    return rfc3339(value)
 
 
 def activity(session: Session, user_id: str) -> Activity:
@@ -64,7 +65,10 @@ def activity(session: Session, user_id: str) -> Activity:
     calls = session.execute(
         select(Turn.conversation_id, ToolCall)
         .join(Turn, ToolCall.turn_id == Turn.id)
-        .where(Turn.user_id == user_id, ToolCall.status.in_(("needs_decision", "waiting")))
+        .where(
+            Turn.user_id == user_id,
+            ToolCall.status.in_((CallState.NEEDS_DECISION, CallState.WAITING)),
+        )
     )
     by_conversation: dict[str, list[ToolCall]] = {}
     for conversation_id, call in calls:

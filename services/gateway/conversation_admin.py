@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from services.gateway.ownership import owned_conversation
 from shared.db import Conversation
+from shared.timestamps import rfc3339_or_none
 
 
 class ConversationOut(BaseModel):
@@ -25,14 +26,11 @@ class ConversationOut(BaseModel):
 
 
 def _out(conversation: Conversation) -> ConversationOut:
-    archived = conversation.archived_at
-    if archived is not None and archived.tzinfo is None:
-        archived = archived.replace(tzinfo=UTC)
     return ConversationOut(
         conversation_id=conversation.id,
         workspace=conversation.workspace,
         title=conversation.title,
-        archived_at=archived.isoformat().replace("+00:00", "Z") if archived else None,
+        archived_at=rfc3339_or_none(conversation.archived_at),
     )
 
 

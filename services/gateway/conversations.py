@@ -15,14 +15,14 @@ from services.gateway.state import Gateway
 from services.gateway.workspaces import checked_workspace, ensure_workspace, make_workspace_dir
 from shared.db import Conversation, Message, Proposal, ToolCall, Turn, User
 from shared.ids import new_id
+from shared.statuses import CallState, Executor
+from shared.timestamps import rfc3339_or_none
 
 TITLE_CHARS = 60  # a new conversation is titled with the start of its first message
 
 
 def _iso(value: datetime | None) -> str | None:
-    if value is None:
-        return None
-    return value.isoformat().replace("+00:00", "Z")
+    return rfc3339_or_none(value)
 
 
 def conversation_json(conversation: Conversation) -> dict[str, Any]:
@@ -87,7 +87,7 @@ def list_conversations(session: Session, user_id: str) -> list[dict[str, Any]]:
 
 
 ASK_USER = "ask_user"  # the orchestrator's built-in question tool
-CLIENT_EXECUTOR = "client"  # ToolCall.executor of a tool the user's client runs
+CLIENT_EXECUTOR = Executor.CLIENT  # ToolCall.executor of a tool the user's client runs
 
 
 def _turn_json(turn: Turn) -> dict[str, Any]:
@@ -141,7 +141,7 @@ def pending_calls(calls: Sequence[ToolCall], now: datetime) -> dict[str, list[di
     for c in calls:
         if not _unexpired(c, now):
             continue
-        if c.status == "needs_decision" and c.decision is None:
+        if c.status == CallState.NEEDS_DECISION and c.decision is None:
             decisions.append(
                 {
                     "call_id": c.id,
@@ -151,7 +151,7 @@ def pending_calls(calls: Sequence[ToolCall], now: datetime) -> dict[str, list[di
                     "expires_at": _iso(c.expires_at),
                 }
             )
-        elif c.status == "waiting" and c.tool == ASK_USER and c.executor != CLIENT_EXECUTOR:
+        elif c.status == CallState.WAITING and c.tool == ASK_USER and c.executor != CLIENT_EXECUTOR:
             options = c.input.get("options")
             questions.append(
                 {
@@ -162,7 +162,7 @@ def pending_calls(calls: Sequence[ToolCall], now: datetime) -> dict[str, list[di
                     "expires_at": _iso(c.expires_at),
                 }
             )
-        elif c.status in ("waiting", "running") and c.executor == CLIENT_EXECUTOR:
+        elif c.status in (CallState.WAITING, CallState.RUNNING) and c.executor == CLIENT_EXECUTOR:
             client_tools.append(
                 {
                     "call_id": c.id,
@@ -203,7 +203,7 @@ def conversation_detail(session: Session, user_id: str, conversation_id: str) ->
         .join(Message, Message.id == ToolCall.message_id)
         .where(
             Turn.conversation_id == conversation.id,
-            ToolCall.status.in_(("needs_decision", "waiting", "running")),
+            ToolCall.status.in_((CallState.NEEDS_DECISION, CallState.WAITING, CallState.RUNNING)),
         )
         .order_by(Message.seq, ToolCall.position)
     ).all()

@@ -17,9 +17,10 @@ from services.gateway.state import Gateway
 from shared.auth import hash_token, same_secret
 from shared.db import ToolCall
 from shared.events import OUTPUT_PREVIEW_BYTES
+from shared.statuses import CallState, Executor
 
 ASK_USER = "ask_user"  # the orchestrator's built-in question tool
-INLINE, CLIENT = "inline", "client"  # ToolCall.executor of ask_user and of a client tool
+INLINE, CLIENT = Executor.INLINE, Executor.CLIENT  # ask_user, and a client tool
 
 
 def _expired(call: ToolCall, now: datetime) -> bool:
@@ -47,7 +48,7 @@ def _finish_waiting(
         CursorResult[Any],
         session.execute(
             update(ToolCall)
-            .where(ToolCall.id == call.id, ToolCall.status == "waiting")
+            .where(ToolCall.id == call.id, ToolCall.status == CallState.WAITING)
             .values(
                 status=status,
                 output=output,
@@ -71,7 +72,7 @@ async def answer_question(
         call, turn = owned_tool_call(session, user_id, question_id)
         if call.tool != ASK_USER or call.executor != INLINE:
             raise NotFound(f"question {question_id!r} not found")
-        if not _finish_waiting(session, call, "ok", text, None):
+        if not _finish_waiting(session, call, CallState.OK, text, None):
             raise Conflict(f"question {question_id!r} is not waiting for an answer")
         return turn.id, turn.conversation_id
 
@@ -97,12 +98,13 @@ async def client_tool_result(
         call, turn = owned_tool_call(session, user_id, call_id)
         valid = (
             call.executor == CLIENT
-            and call.status == "waiting"
+            and call.status == CallState.WAITING
             and call.token_hash is not None
             and same_secret(hash_token(token), call.token_hash)
         )
         # A wrong, reused or late token reads the same as an unknown call: nothing to probe.
-        status, error = ("error", "the client reported an error") if is_error else ("ok", None)
+        failed = (CallState.ERROR, "the client reported an error")
+        status, error = failed if is_error else (CallState.OK, None)
         if not valid or not _finish_waiting(session, call, status, output, error):
             raise NotFound(f"no client tool call {call_id!r} waits for this token")
         now = datetime.now(UTC)
@@ -116,7 +118,7 @@ async def client_tool_result(
         {
             "call_id": call_id,
             "tool": tool,
-            "status": "error" if is_error else "ok",
+            "status": CallState.ERROR if is_error else CallState.OK,
             "output": preview,
             "error": "the client reported an error" if is_error else None,
             "duration_ms": duration_ms,

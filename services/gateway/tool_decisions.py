@@ -17,17 +17,19 @@ from services.gateway.ownership import owned_tool_call
 from services.gateway.state import Gateway
 from shared.db import ToolCall
 from shared.db.models import as_utc
+from shared.statuses import CallDecision, CallState
+from shared.timestamps import rfc3339
 
 
 def _rfc3339(value: datetime) -> str:
-    return as_utc(value).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return rfc3339(value)
 
 
 def _expired(call: ToolCall, now: datetime) -> bool:
     """True when the call's time for a decision is over (or the orchestrator expired it)."""
-    if call.decision == "expired":
+    if call.decision == CallDecision.EXPIRED:
         return True
-    undecided = call.status == "needs_decision" and call.decision is None
+    undecided = call.status == CallState.NEEDS_DECISION and call.decision is None
     return undecided and call.expires_at is not None and as_utc(call.expires_at) <= now
 
 
@@ -55,7 +57,7 @@ def record_decision(
             update(ToolCall)
             .where(
                 ToolCall.id == call.id,
-                ToolCall.status == "needs_decision",
+                ToolCall.status == CallState.NEEDS_DECISION,
                 ToolCall.decision.is_(None),
                 or_(ToolCall.expires_at.is_(None), ToolCall.expires_at > now),
             )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,10 +22,12 @@ from services.gateway.state import Gateway
 from shared.db import Conversation, Turn, User
 from shared.db.concurrency import lock_row
 from shared.ids import new_id
+from shared.protocol import ClientToolSpec
+from shared.statuses import UNFINISHED_TURNS, TurnState
 
 log = logging.getLogger(__name__)
 
-UNFINISHED = ("queued", "running", "parked")
+UNFINISHED = UNFINISHED_TURNS
 
 
 @dataclass(frozen=True)
@@ -139,11 +142,16 @@ def _add_turn(
         text=text,
         client_turn_id=client_turn_id,
         client_tools=client_tools,
-        status="queued",
+        status=TurnState.QUEUED,
     )
     session.add(turn)
     session.flush()
     return turn
+
+
+def client_tools_json(specs: Sequence[ClientToolSpec] | None) -> list[dict[str, Any]] | None:
+    """Declared client tools (frame or HTTP) as the turn stores them; None when there are none."""
+    return [spec.model_dump(mode="json") for spec in specs] if specs else None
 
 
 async def submit_turn(
@@ -214,7 +222,7 @@ async def cancel_turn(gateway: Gateway, user_id: str, turn_id: str) -> dict[str,
     conversation_id, status = await gateway.db(mark)
     if status in UNFINISHED:
         await publish_cancel(gateway, turn_id)
-    if status == "parked":
+    if status == TurnState.PARKED:
         # A parked turn has no runner to hear the pub/sub cancel; a delivery makes one finish
         # it now rather than at the orchestrator's next reconcile (run_turn holds a lease, so
         # an extra delivery is harmless).

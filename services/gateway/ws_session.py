@@ -328,9 +328,7 @@ class WsSession:
             text=frame.text,
             client_turn_id=frame.client_turn_id,
             workspace=frame.workspace,
-            client_tools=[t.model_dump(mode="json") for t in frame.client_tools]
-            if frame.client_tools
-            else None,
+            client_tools=turns.client_tools_json(frame.client_tools),
         )
         ack = Ack(
             req=frame.req, conversation_id=submitted.conversation_id, turn_id=submitted.turn_id

@@ -95,6 +95,8 @@ def test_every_http_route_with_an_id_is_404_for_another_user(
         ("POST", "/api/conversations/{}/turns", a.conversation_id, {"text": "hijack"}),
         ("POST", "/api/turns/{}/cancel", a.turn_id, None),
         ("POST", "/api/tool-calls/{}/decision", a.call_id, {"decision": "allow"}),
+        ("POST", "/api/questions/{}/answer", a.call_id, {"text": "hijack"}),
+        ("POST", "/api/tool-calls/{}/result", a.call_id, {"token": "t", "output": "hijack"}),
         ("GET", "/api/proposals/{}", a.proposal_id, None),
         ("POST", "/api/proposals/{}/approve", a.proposal_id, {}),
         ("POST", "/api/proposals/{}/reject", a.proposal_id, {"reason": "no"}),

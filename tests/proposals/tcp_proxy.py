@@ -18,6 +18,7 @@ class Proxy:
         self._listener: socket.socket | None = None
         self._open: list[socket.socket] = []
         self._lock = threading.Lock()
+        self.accepted = 0  # connections forwarded so far
 
     def start(self) -> None:
         """Accept and forward connections from now on."""
@@ -47,6 +48,7 @@ class Proxy:
                 return
             upstream = socket.create_connection(self.target)
             with self._lock:
+                self.accepted += 1
                 self._open += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()

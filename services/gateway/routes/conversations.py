@@ -4,19 +4,29 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel, Field
 
 from services.gateway import conversations, turns
 from services.gateway.deps import CurrentUser, GatewayDep, IdPath
 from services.gateway.errors import BadInput, ReplayGapError
 from services.gateway.ownership import owned_conversation
+from services.gateway.routes.interactions import REFUSALS
+from services.gateway.stream_auth import bearer_scheme, stream_access
 from shared.event_stream import ReplayGap, check_event_id
 from shared.events import Event
-from shared.protocol import MAX_ID_CHARS, MAX_TURN_TEXT_CHARS, NO_NUL
+from shared.gateway_api import ConversationDetail, ConversationSummary, TurnAccepted
+from shared.protocol import (
+    MAX_CLIENT_TOOLS,
+    MAX_ID_CHARS,
+    MAX_TURN_TEXT_CHARS,
+    NO_NUL,
+    ClientToolSpec,
+)
 
 router = APIRouter(prefix="/api/conversations")
 
@@ -33,6 +43,11 @@ class NewTurn(BaseModel):
 
     text: str = Field(min_length=1, max_length=MAX_TURN_TEXT_CHARS, pattern=NO_NUL)
     client_turn_id: str | None = Field(default=None, max_length=MAX_ID_CHARS, pattern=NO_NUL)
+    client_tools: list[ClientToolSpec] | None = Field(
+        default=None,
+        max_length=MAX_CLIENT_TOOLS,
+        description="tools this client runs itself for this turn, as on the user_turn frame",
+    )
 
 
 def _checked_after(after: str | None) -> str | None:
@@ -50,31 +65,33 @@ def _gap(conversation_id: str, after: str | None) -> ReplayGapError:
     )
 
 
-@router.get("")
-async def list_conversations(user: CurrentUser, gateway: GatewayDep) -> list[dict[str, Any]]:
+@router.get("", response_model=list[ConversationSummary])
+async def list_conversations(user: CurrentUser, gateway: GatewayDep) -> list[ConversationSummary]:
     """My conversations, newest first."""
-    return await gateway.db(lambda s: conversations.list_conversations(s, user.id))
+    rows = await gateway.db(lambda s: conversations.list_conversations(s, user.id))
+    return [ConversationSummary.model_validate(row) for row in rows]
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, response_model=ConversationSummary)
 async def create_conversation(
     body: NewConversation, user: CurrentUser, gateway: GatewayDep
-) -> dict[str, Any]:
+) -> ConversationSummary:
     """A new, empty conversation."""
     conversation = await conversations.start_conversation(
         gateway, user.id, body.workspace, body.title
     )
-    return conversations.conversation_json(conversation)
+    return ConversationSummary.model_validate(conversations.conversation_json(conversation))
 
 
-@router.get("/{conversation_id}")
+@router.get("/{conversation_id}", response_model=ConversationDetail, responses={404: REFUSALS[404]})
 async def get_conversation(
     conversation_id: IdPath, user: CurrentUser, gateway: GatewayDep
-) -> dict[str, Any]:
+) -> ConversationDetail:
     """Turns, transcript, pending decisions and proposals."""
-    return await gateway.db(
+    detail = await gateway.db(
         lambda s: conversations.conversation_detail(s, user.id, conversation_id)
     )
+    return ConversationDetail.model_validate(detail)
 
 
 @router.get("/{conversation_id}/events")
@@ -98,17 +115,35 @@ def _sse(event_id: str, text: str) -> str:
     return f"id: {event_id}\ndata: {text}\n\n"
 
 
+# How long a browser's EventSource waits before it reconnects after a drop (its default is
+# about 3 s): sent once, first, as the stream's ``retry:`` field.
+SSE_RETRY_MS = 1000
+
+
 @router.get("/{conversation_id}/stream")
 async def stream_events(
     conversation_id: IdPath,
-    user: CurrentUser,
     gateway: GatewayDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
     after: str | None = None,
+    ticket: Annotated[
+        str | None,
+        Query(
+            max_length=MAX_ID_CHARS,
+            description="a single-use ticket from POST /api/ws-tickets, for a browser's "
+            "EventSource (which cannot send Authorization); never logged",
+        ),
+    ] = None,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> StreamingResponse:
-    """Stored then live events as Server-Sent Events; resumes from ``Last-Event-ID``."""
+    """Stored then live events as Server-Sent Events; resumes from ``Last-Event-ID``.
+
+    Authenticated by ``Authorization: Bearer`` or ``?ticket=`` (see ``stream_auth``).
+    """
+    access = await stream_access(
+        gateway, conversation_id, credentials, ticket, resuming=bool(last_event_id)
+    )
     start = _checked_after(last_event_id or after)
-    await gateway.db(lambda s: owned_conversation(s, user.id, conversation_id))
     queue: asyncio.Queue[tuple[str, str] | None] = asyncio.Queue(
         maxsize=gateway.settings.client_queue_size
     )
@@ -132,10 +167,12 @@ async def stream_events(
     async def body() -> AsyncIterator[str]:
         metrics.connections.labels("sse").inc()
         try:
+            yield f"retry: {SSE_RETRY_MS}\n\n"
             async for event, text in subscription.catch_up(page, gateway.hub.stream):
                 metrics.events_relayed.labels(event.kind).inc()
                 yield _sse(event.id, text)
             while True:
+                await access.keep_alive(gateway)
                 try:
                     item = await asyncio.wait_for(queue.get(), gateway.settings.heartbeat_s)
                 except TimeoutError:
@@ -156,10 +193,12 @@ async def stream_events(
     )
 
 
-@router.post("/{conversation_id}/turns", status_code=202)
+@router.post(
+    "/{conversation_id}/turns", status_code=202, response_model=TurnAccepted, responses=REFUSALS
+)
 async def create_turn(
     conversation_id: IdPath, body: NewTurn, user: CurrentUser, gateway: GatewayDep
-) -> dict[str, Any]:
+) -> TurnAccepted:
     """Queue a turn (idempotent by ``client_turn_id``)."""
     submitted = await turns.submit_turn(
         gateway,
@@ -167,9 +206,10 @@ async def create_turn(
         conversation_id=conversation_id,
         text=body.text,
         client_turn_id=body.client_turn_id,
+        client_tools=turns.client_tools_json(body.client_tools),
     )
-    return {
-        "turn_id": submitted.turn_id,
-        "conversation_id": submitted.conversation_id,
-        "created": submitted.created,
-    }
+    return TurnAccepted(
+        turn_id=submitted.turn_id,
+        conversation_id=submitted.conversation_id,
+        created=submitted.created,
+    )

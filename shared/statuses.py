@@ -1,0 +1,58 @@
+"""The status vocabularies of turns and tool calls, defined once.
+
+Each is a ``StrEnum``: a member *is* its string, so it is stored, compared with what SQL
+holds and serialised into events exactly as the bare word was (the wire contract of
+docs/protocol.md does not change). Events' own literals (``shared/events.py``) name the
+finished subsets.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class TurnState(StrEnum):
+    """``turns.status``: queued → running ⇄ parked → completed | cancelled | failed | step_limit."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    PARKED = "parked"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+    STEP_LIMIT = "step_limit"
+
+
+# A turn that may still do something: it holds the conversation's turn slot.
+UNFINISHED_TURNS = (TurnState.QUEUED, TurnState.RUNNING, TurnState.PARKED)
+
+
+class CallState(StrEnum):
+    """``tool_calls.status``: pending | needs_decision | running | waiting, then one outcome."""
+
+    PENDING = "pending"
+    NEEDS_DECISION = "needs_decision"  # a human allows or denies it first
+    RUNNING = "running"
+    WAITING = "waiting"  # for the human's answer (ask_user) or the client (client tool)
+    OK = "ok"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    DENIED = "denied"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+
+
+class CallDecision(StrEnum):
+    """``tool_calls.decision`` of a call that needed one."""
+
+    ALLOW = "allow"
+    DENY = "deny"
+    EXPIRED = "expired"  # nobody decided in time: the call is denied
+
+
+class Executor(StrEnum):
+    """``tool_calls.executor``: who runs the call."""
+
+    SERVER = "server"  # a tool worker
+    CLIENT = "client"  # the user's client (a client tool)
+    INLINE = "inline"  # the orchestrator itself (ask_user)

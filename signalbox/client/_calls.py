@@ -1,0 +1,245 @@
+"""Each HTTP request of the SDK described once (method, path, body, how to read the answer),
+so the sync ``Client`` and the async ``AsyncClient`` only send them.
+
+Bodies are built from the WebSocket frame models of ``shared/protocol.py``, which hold the
+same limits the gateway checks: a text over its maximum fails here, before it is sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
+
+import httpx
+from pydantic import BaseModel, TypeAdapter
+
+from shared.events import Event
+from shared.gateway_api import (
+    AnswerRecorded,
+    ConversationDetail,
+    ConversationSummary,
+    ToolDecided,
+    ToolResultRecorded,
+    TurnAccepted,
+    TurnCancel,
+    WsTicket,
+)
+from shared.proposals_api import ApproveBody, PendingProposals, ProposalPublic, RejectBody
+from shared.protocol import Answer, ClientToolResult, ClientToolSpec, DecideTool, UserTurn
+from signalbox.client.errors import SignalboxError, Unreachable, frame, from_status
+from signalbox.client.sse import parse_event
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+Json = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One request and the reader of its answer."""
+
+    method: str
+    path: str
+    what: str
+    read: Callable[[Any], T]
+    body: Any = None
+    params: dict[str, str] | None = None
+
+
+def _model(model: type[M]) -> Callable[[Any], M]:
+    return model.model_validate
+
+
+def _json(value: Any) -> Json:
+    result: Json = value
+    return result
+
+
+_summaries: TypeAdapter[list[ConversationSummary]] = TypeAdapter(list[ConversationSummary])
+
+
+def _events(value: Any) -> list[Event]:
+    return [parse_event(item) for item in value]
+
+
+def _body(frame: BaseModel, *fields: str) -> Json:
+    """The fields of a validated frame that the HTTP route takes in its body."""
+    return frame.model_dump(mode="json", include=set(fields), exclude_none=True)
+
+
+def read(call: Call[T], response: httpx.Response) -> T:
+    """The answer of ``call``, or the error the gateway's status and body mean."""
+    status = response.status_code
+    if status >= 400:
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        body = body if isinstance(body, dict) else {"detail": body}
+        detail = body.get("detail", response.text[:300] or response.reason_phrase)
+        if status == 401:
+            gateway = str(response.request.url.copy_with(path="/", query=None)).rstrip("/")
+            message = f"the gateway at {gateway} refused the token (401)"
+        elif status == 404:
+            message = f"{call.what} not found"
+        elif status == 409:
+            message = f"{call.what}: conflict: {detail}"
+        else:
+            message = f"{call.what}: the gateway answered {status}: {detail}"
+        raise from_status(status, message, body)
+    return call.read(response.json())
+
+
+def unreachable(base_url: str, exc: Exception) -> SignalboxError:
+    """The error of a request that reached no gateway."""
+    return Unreachable(f"cannot reach the gateway at {base_url}: {exc!r}")
+
+
+# -- the routes ----------------------------------------------------------------------------
+
+
+def me() -> Call[Json]:
+    return Call("GET", "/api/me", "who am I", _json)
+
+
+def ws_ticket() -> Call[WsTicket]:
+    return Call("POST", "/api/ws-tickets", "a ticket", _model(WsTicket))
+
+
+def conversations() -> Call[list[ConversationSummary]]:
+    return Call("GET", "/api/conversations", "conversations", _summaries.validate_python)
+
+
+def create_conversation(workspace: str | None, title: str) -> Call[ConversationSummary]:
+    body: Json = {"title": title}
+    if workspace is not None:
+        body["workspace"] = workspace
+    return Call(
+        "POST", "/api/conversations", "a new conversation", _model(ConversationSummary), body
+    )
+
+
+def conversation(conversation_id: str) -> Call[ConversationDetail]:
+    return Call(
+        "GET",
+        f"/api/conversations/{conversation_id}",
+        f"conversation {conversation_id!r}",
+        _model(ConversationDetail),
+    )
+
+
+def events(conversation_id: str, after: str | None, limit: int | None) -> Call[list[Event]]:
+    params = {k: str(v) for k, v in (("after", after), ("limit", limit)) if v is not None}
+    return Call(
+        "GET",
+        f"/api/conversations/{conversation_id}/events",
+        f"events of {conversation_id!r}",
+        _events,
+        params=params,
+    )
+
+
+def start_turn(
+    conversation_id: str,
+    text: str,
+    client_turn_id: str | None,
+    client_tools: Sequence[ClientToolSpec] | None,
+) -> Call[TurnAccepted]:
+    built = frame(
+        UserTurn,
+        type="user_turn",
+        conversation_id=conversation_id,
+        text=text,
+        client_turn_id=client_turn_id,
+        client_tools=list(client_tools) if client_tools else None,
+    )
+    return Call(
+        "POST",
+        f"/api/conversations/{conversation_id}/turns",
+        f"a turn in {conversation_id!r}",
+        _model(TurnAccepted),
+        _body(built, "text", "client_turn_id", "client_tools"),
+    )
+
+
+def cancel(turn_id: str) -> Call[TurnCancel]:
+    return Call("POST", f"/api/turns/{turn_id}/cancel", f"turn {turn_id!r}", _model(TurnCancel))
+
+
+def decide_tool(
+    call_id: str, decision: Literal["allow", "deny"], reason: str | None
+) -> Call[ToolDecided]:
+    built = frame(DecideTool, type="decide_tool", call_id=call_id, decision=decision, reason=reason)
+    return Call(
+        "POST",
+        f"/api/tool-calls/{call_id}/decision",
+        f"tool call {call_id!r}",
+        _model(ToolDecided),
+        _body(built, "decision", "reason"),
+    )
+
+
+def answer(question_id: str, text: str) -> Call[AnswerRecorded]:
+    built = frame(Answer, type="answer", question_id=question_id, text=text)
+    return Call(
+        "POST",
+        f"/api/questions/{question_id}/answer",
+        f"question {question_id!r}",
+        _model(AnswerRecorded),
+        _body(built, "text"),
+    )
+
+
+def tool_result(call_id: str, token: str, output: str, is_error: bool) -> Call[ToolResultRecorded]:
+    built = frame(
+        ClientToolResult,
+        type="tool_result",
+        call_id=call_id,
+        token=token,
+        output=output,
+        is_error=is_error,
+    )
+    return Call(
+        "POST",
+        f"/api/tool-calls/{call_id}/result",
+        f"client tool call {call_id!r}",
+        _model(ToolResultRecorded),
+        _body(built, "token", "output", "is_error"),
+    )
+
+
+def pending_proposals() -> Call[list[ProposalPublic]]:
+    return Call(
+        "GET",
+        "/api/proposals/pending",
+        "pending proposals",
+        lambda value: PendingProposals.model_validate(value).proposals,
+    )
+
+
+def proposal(proposal_id: str) -> Call[ProposalPublic]:
+    return Call(
+        "GET", f"/api/proposals/{proposal_id}", f"proposal {proposal_id!r}", _model(ProposalPublic)
+    )
+
+
+def approve(proposal_id: str, files: Sequence[str] | None) -> Call[ProposalPublic]:
+    body = ApproveBody(files=list(files)) if files is not None else None
+    return Call(
+        "POST",
+        f"/api/proposals/{proposal_id}/approve",
+        f"proposal {proposal_id!r}",
+        _model(ProposalPublic),
+        body.model_dump(mode="json") if body is not None else None,
+    )
+
+
+def reject(proposal_id: str, reason: str | None) -> Call[ProposalPublic]:
+    return Call(
+        "POST",
+        f"/api/proposals/{proposal_id}/reject",
+        f"proposal {proposal_id!r}",
+        _model(ProposalPublic),
+        RejectBody(reason=reason).model_dump(mode="json"),
+    )

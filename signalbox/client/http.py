@@ -1,0 +1,359 @@
+"""The gateway's HTTP API as methods: ``Client`` (blocking) and ``AsyncClient`` (asyncio).
+
+Both send the requests described once in ``_calls``; ``stream`` follows a conversation's
+Server-Sent Events and, when the connection drops, reconnects by itself with
+``Last-Event-ID``, so the caller sees every event once, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Literal, TypeVar
+
+import httpx
+
+from shared.event_stream import id_after
+from shared.events import Event
+from shared.gateway_api import (
+    AnswerRecorded,
+    ConversationDetail,
+    ConversationSummary,
+    ToolDecided,
+    ToolResultRecorded,
+    TurnAccepted,
+    TurnCancel,
+    WsTicket,
+)
+from shared.proposals_api import ProposalPublic
+from shared.protocol import ClientToolSpec
+from signalbox.client import _calls
+from signalbox.client._calls import Call, Json
+from signalbox.client.errors import SignalboxError, Unreachable
+from signalbox.client.sse import SseParser
+
+T = TypeVar("T")
+
+HTTP_TIMEOUT_S = 30.0  # an approval applies files and commits; give it room
+# The gateway sends a heartbeat every 15 s on an idle stream: a minute of silence is a drop.
+STREAM_READ_TIMEOUT_S = 60.0
+RECONNECT_FIRST_S = 0.25
+RECONNECT_MAX_S = 5.0
+RECONNECT_GIVE_UP_S = 60.0  # no stream answering for this long ends ``stream`` with the error
+
+_DROPS = (httpx.TransportError, httpx.RemoteProtocolError)
+
+
+def _stream_call(conversation_id: str) -> Call[None]:
+    return Call(
+        "GET",
+        f"/api/conversations/{conversation_id}/stream",
+        f"the stream of {conversation_id!r}",
+        lambda _value: None,
+    )
+
+
+def _stream_headers(last: str | None) -> dict[str, str]:
+    return {"Last-Event-ID": last} if last else {}
+
+
+def _new(event: Event, last: str | None) -> bool:
+    return last is None or id_after(event.id, last)
+
+
+class _Backoff:
+    """Reconnect delays, and when to stop trying."""
+
+    def __init__(self, give_up_s: float) -> None:
+        self.give_up_s = give_up_s
+        self.reset()
+
+    def reset(self) -> None:
+        self.delay = RECONNECT_FIRST_S
+        self.since = time.monotonic()
+
+    def next(self, error: Exception) -> float:
+        if time.monotonic() - self.since > self.give_up_s:
+            raise error
+        delay, self.delay = self.delay, min(self.delay * 2, RECONNECT_MAX_S)
+        return delay
+
+
+class Client:
+    """The gateway at ``url`` as the user of ``token``; blocking calls."""
+
+    def __init__(self, url: str, token: str, timeout_s: float = HTTP_TIMEOUT_S) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self._http = httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def _do(self, call: Call[T]) -> T:
+        try:
+            response = self._http.request(
+                call.method, call.path, json=call.body, params=call.params
+            )
+        except httpx.TransportError as exc:
+            raise _calls.unreachable(self.url, exc) from None
+        return _calls.read(call, response)
+
+    # -- conversations and turns -------------------------------------------------------------
+
+    def me(self) -> Json:
+        """Who the token belongs to."""
+        return self._do(_calls.me())
+
+    def conversations(self) -> list[ConversationSummary]:
+        """My conversations, newest first."""
+        return self._do(_calls.conversations())
+
+    def create_conversation(
+        self, workspace: str | None = None, title: str = ""
+    ) -> ConversationSummary:
+        """A new, empty conversation."""
+        return self._do(_calls.create_conversation(workspace, title))
+
+    def conversation(self, conversation_id: str) -> ConversationDetail:
+        """Turns, transcript, pending decisions, questions and client tools."""
+        return self._do(_calls.conversation(conversation_id))
+
+    def start_turn(
+        self,
+        conversation_id: str,
+        text: str,
+        client_turn_id: str | None = None,
+        client_tools: Sequence[ClientToolSpec] | None = None,
+    ) -> TurnAccepted:
+        """Queue a turn (idempotent by ``client_turn_id``)."""
+        return self._do(_calls.start_turn(conversation_id, text, client_turn_id, client_tools))
+
+    def cancel(self, turn_id: str) -> TurnCancel:
+        """Stop a queued, running or parked turn."""
+        return self._do(_calls.cancel(turn_id))
+
+    def decide_tool(
+        self, call_id: str, decision: Literal["allow", "deny"], reason: str | None = None
+    ) -> ToolDecided:
+        """Allow or deny a call that waits for a decision (``Conflict`` if it no longer does)."""
+        return self._do(_calls.decide_tool(call_id, decision, reason))
+
+    def answer(self, question_id: str, text: str) -> AnswerRecorded:
+        """Answer an ``ask_user`` question."""
+        return self._do(_calls.answer(question_id, text))
+
+    def tool_result(
+        self, call_id: str, token: str, output: str, is_error: bool = False
+    ) -> ToolResultRecorded:
+        """Return a client tool's result with the single-use token of its call."""
+        return self._do(_calls.tool_result(call_id, token, output, is_error))
+
+    def ws_ticket(self) -> WsTicket:
+        """A single-use ticket for ``/ws`` or ``/stream`` (what a browser uses)."""
+        return self._do(_calls.ws_ticket())
+
+    # -- events ------------------------------------------------------------------------------
+
+    def events(
+        self, conversation_id: str, after: str | None = None, limit: int | None = None
+    ) -> list[Event]:
+        """Stored events after ``after`` (``ReplayGap`` if it is no longer kept)."""
+        return self._do(_calls.events(conversation_id, after, limit))
+
+    def stream(
+        self,
+        conversation_id: str,
+        after: str | None = None,
+        give_up_s: float = RECONNECT_GIVE_UP_S,
+    ) -> Iterator[Event]:
+        """Every event after ``after``, then live ones, forever; reconnects after a drop."""
+        call = _stream_call(conversation_id)
+        last, backoff = after, _Backoff(give_up_s)
+        timeout = httpx.Timeout(HTTP_TIMEOUT_S, read=STREAM_READ_TIMEOUT_S)
+        while True:
+            try:
+                headers = _stream_headers(last)
+                with self._http.stream("GET", call.path, headers=headers, timeout=timeout) as r:
+                    if r.status_code != 200:
+                        r.read()
+                        _calls.read(call, r)
+                    backoff.reset()
+                    parser = SseParser()
+                    for line in r.iter_lines():
+                        event = parser.feed(line)
+                        if event is not None and _new(event, last):
+                            last = event.id
+                            yield event
+            except _DROPS as exc:
+                time.sleep(backoff.next(_calls.unreachable(self.url, exc)))
+                continue
+            # The gateway ended the stream (a reader too slow for its queue): resume.
+            time.sleep(backoff.next(Unreachable(f"{call.what} keeps ending")))
+
+    # -- proposals ---------------------------------------------------------------------------
+
+    def pending_proposals(self) -> list[ProposalPublic]:
+        """My pending proposals, oldest first."""
+        return self._do(_calls.pending_proposals())
+
+    def proposal(self, proposal_id: str) -> ProposalPublic:
+        """One proposal, each file with its diff."""
+        return self._do(_calls.proposal(proposal_id))
+
+    def approve(self, proposal_id: str, files: Sequence[str] | None = None) -> ProposalPublic:
+        """Apply a proposal (or only ``files`` of it); ``Conflict`` if a file changed."""
+        return self._do(_calls.approve(proposal_id, files))
+
+    def reject(self, proposal_id: str, reason: str | None = None) -> ProposalPublic:
+        """Reject a proposal."""
+        return self._do(_calls.reject(proposal_id, reason))
+
+
+class AsyncClient:
+    """The gateway at ``url`` as the user of ``token``; asyncio calls."""
+
+    def __init__(self, url: str, token: str, timeout_s: float = HTTP_TIMEOUT_S) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self._http = httpx.AsyncClient(
+            base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s
+        )
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def _do(self, call: Call[T]) -> T:
+        try:
+            response = await self._http.request(
+                call.method, call.path, json=call.body, params=call.params
+            )
+        except httpx.TransportError as exc:
+            raise _calls.unreachable(self.url, exc) from None
+        return _calls.read(call, response)
+
+    async def me(self) -> Json:
+        """Who the token belongs to."""
+        return await self._do(_calls.me())
+
+    async def conversations(self) -> list[ConversationSummary]:
+        """My conversations, newest first."""
+        return await self._do(_calls.conversations())
+
+    async def create_conversation(
+        self, workspace: str | None = None, title: str = ""
+    ) -> ConversationSummary:
+        """A new, empty conversation."""
+        return await self._do(_calls.create_conversation(workspace, title))
+
+    async def conversation(self, conversation_id: str) -> ConversationDetail:
+        """Turns, transcript, pending decisions, questions and client tools."""
+        return await self._do(_calls.conversation(conversation_id))
+
+    async def start_turn(
+        self,
+        conversation_id: str,
+        text: str,
+        client_turn_id: str | None = None,
+        client_tools: Sequence[ClientToolSpec] | None = None,
+    ) -> TurnAccepted:
+        """Queue a turn (idempotent by ``client_turn_id``)."""
+        call = _calls.start_turn(conversation_id, text, client_turn_id, client_tools)
+        return await self._do(call)
+
+    async def cancel(self, turn_id: str) -> TurnCancel:
+        """Stop a queued, running or parked turn."""
+        return await self._do(_calls.cancel(turn_id))
+
+    async def decide_tool(
+        self, call_id: str, decision: Literal["allow", "deny"], reason: str | None = None
+    ) -> ToolDecided:
+        """Allow or deny a call that waits for a decision."""
+        return await self._do(_calls.decide_tool(call_id, decision, reason))
+
+    async def answer(self, question_id: str, text: str) -> AnswerRecorded:
+        """Answer an ``ask_user`` question."""
+        return await self._do(_calls.answer(question_id, text))
+
+    async def tool_result(
+        self, call_id: str, token: str, output: str, is_error: bool = False
+    ) -> ToolResultRecorded:
+        """Return a client tool's result with the single-use token of its call."""
+        return await self._do(_calls.tool_result(call_id, token, output, is_error))
+
+    async def ws_ticket(self) -> WsTicket:
+        """A single-use ticket for ``/ws`` or ``/stream``."""
+        return await self._do(_calls.ws_ticket())
+
+    async def events(
+        self, conversation_id: str, after: str | None = None, limit: int | None = None
+    ) -> list[Event]:
+        """Stored events after ``after``."""
+        return await self._do(_calls.events(conversation_id, after, limit))
+
+    async def stream(
+        self,
+        conversation_id: str,
+        after: str | None = None,
+        give_up_s: float = RECONNECT_GIVE_UP_S,
+    ) -> AsyncIterator[Event]:
+        """Every event after ``after``, then live ones, forever; reconnects after a drop."""
+        call = _stream_call(conversation_id)
+        last, backoff = after, _Backoff(give_up_s)
+        timeout = httpx.Timeout(HTTP_TIMEOUT_S, read=STREAM_READ_TIMEOUT_S)
+        while True:
+            try:
+                headers = _stream_headers(last)
+                async with self._http.stream(
+                    "GET", call.path, headers=headers, timeout=timeout
+                ) as r:
+                    if r.status_code != 200:
+                        await r.aread()
+                        _calls.read(call, r)
+                    backoff.reset()
+                    parser = SseParser()
+                    async for line in r.aiter_lines():
+                        event = parser.feed(line)
+                        if event is not None and _new(event, last):
+                            last = event.id
+                            yield event
+            except _DROPS as exc:
+                await asyncio.sleep(backoff.next(_calls.unreachable(self.url, exc)))
+                continue
+            await asyncio.sleep(backoff.next(Unreachable(f"{call.what} keeps ending")))
+
+    async def pending_proposals(self) -> list[ProposalPublic]:
+        """My pending proposals, oldest first."""
+        return await self._do(_calls.pending_proposals())
+
+    async def proposal(self, proposal_id: str) -> ProposalPublic:
+        """One proposal, each file with its diff."""
+        return await self._do(_calls.proposal(proposal_id))
+
+    async def approve(self, proposal_id: str, files: Sequence[str] | None = None) -> ProposalPublic:
+        """Apply a proposal (or only ``files`` of it); ``Conflict`` if a file changed."""
+        return await self._do(_calls.approve(proposal_id, files))
+
+    async def reject(self, proposal_id: str, reason: str | None = None) -> ProposalPublic:
+        """Reject a proposal."""
+        return await self._do(_calls.reject(proposal_id, reason))
+
+
+__all__ = ["AsyncClient", "Client", "SignalboxError"]
