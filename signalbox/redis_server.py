@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -18,8 +19,38 @@ class RedisUnavailable(RuntimeError):
     """No Redis could be reached or started."""
 
 
+_LOW_PORT = 10_000  # below: well-known and registered services' ports
+_handed_out: set[int] = set()
+
+
+def _ephemeral_start() -> int:
+    """The first port the kernel hands to outgoing connections (Linux; else a usual value)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
+    """A TCP port that was free a moment ago on 127.0.0.1, for a server to listen on.
+
+    Chosen below the ephemeral range: a port from ``bind(0)`` is one the kernel may give an
+    outgoing connection (a Redis client, an HTTP call) before the server binds it, which
+    then fails with "address already in use". Never the same port twice in one process.
+    """
+    top = _ephemeral_start()
+    if top - _LOW_PORT > 1000:
+        for _ in range(100):
+            port = random.randrange(_LOW_PORT, top)
+            if port in _handed_out:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

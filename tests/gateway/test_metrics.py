@@ -50,6 +50,9 @@ async def test_metrics_after_a_turn_like_sequence(
         ack = await request(ws, {"type": "user_turn", "conversation_id": None, "text": "hi"})
         conversation_id, turn_id = ack["conversation_id"], ack["turn_id"]
         await ws.send(json.dumps({"type": "nonsense"}))  # one frame of an unknown type
+        # Once turn_queued is here, the socket follows the conversation live: the six events
+        # below are relayed live (and timed), not replayed with the subscription.
+        seen = await events_until(ws, lambda es: any(e["kind"] == "turn_queued" for e in es))
         for kind, data in [
             ("turn_started", {"model": "demo"}),
             ("text_delta", {"text": "hel"}),
@@ -71,7 +74,9 @@ async def test_metrics_after_a_turn_like_sequence(
             ("turn_finished", {"status": "completed", "steps": 1, "usage": {}}),
         ]:
             stream.append(conversation_id, kind, data, turn_id)  # type: ignore[arg-type]
-        events = await events_until(ws, lambda es: bool(es) and es[-1]["kind"] == "turn_finished")
+        events = seen + await events_until(
+            ws, lambda es: bool(es) and es[-1]["kind"] == "turn_finished"
+        )
         with db_sessions() as session:
             turn = session.get(Turn, turn_id)
             assert turn is not None
