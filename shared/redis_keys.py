@@ -23,6 +23,10 @@ class RedisKeys:
         """Set by the first tool worker that starts a call; a redelivery sees it."""
         return f"{self.prefix}claim:call:{call_id}"
 
+    def call_cancelled(self, call_id: str) -> str:
+        """Set (with a short TTL) by a cancel before it revokes the call (``call_cancel.py``)."""
+        return f"{self.prefix}cancelled:call:{call_id}"
+
     def turn_lease(self, turn_id: str) -> str:
         """Who runs a turn right now (one runner per turn)."""
         return f"{self.prefix}lease:turn:{turn_id}"

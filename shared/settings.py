@@ -12,6 +12,8 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.secret_files import DEFAULT_SECRET_DENYLIST
+
 PLACEHOLDERS = frozenset({"", "changeme", "change-me", "changethis", "secret", "xxx", "todo"})
 
 # Celery's own default; a turn longer than this is protected by its lease, not re-run.
@@ -157,10 +159,8 @@ class ToolsSettings(_NeedsInternalToken):
     # web_fetch (services/tools/web_fetch.py): at most this much of a page, this long in all.
     web_fetch_max_bytes: int = Field(default=2 * 1024 * 1024, gt=0)
     web_fetch_timeout_s: float = Field(default=20.0, gt=0)
-    # Entries no tool shows the model (services/tools/denylist.py); '[]' turns it off.
-    secret_denylist: list[str] = Field(
-        default_factory=lambda: [".env", ".env.*", "*.pem", "*.key", "id_*", ".git/"]
-    )
+    # Entries no tool shows the model (services/tools/denylist.py); '[]' leaves only .git/.
+    secret_denylist: list[str] = Field(default_factory=lambda: list(DEFAULT_SECRET_DENYLIST))
 
 
 class ProposalsSettings(_NeedsInternalToken):

@@ -12,10 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import redis
 from celery import Celery
 from kombu.utils.uuid import uuid
 
+from shared.call_cancel import CANCEL_SIGNAL, mark_cancelled
 from shared.celery_app import RUN_TOOL_TASK
+from shared.redis_keys import RedisKeys
 from shared.tool_contract import ToolCallRequest, ToolSpec
 
 # The hard kill comes this long after the soft limit asked nicely. Short, because a call
@@ -48,8 +51,10 @@ class Dispatcher(Protocol):
 class CeleryDispatcher:
     """``Dispatcher`` on the Celery ``tools*`` queues."""
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, client: redis.Redis, keys: RedisKeys) -> None:
         self.app = app
+        self.client = client
+        self.keys = keys
 
     def send(self, calls: Sequence[tuple[ToolCallRequest, ToolSpec]]) -> None:
         """Publish the step's ``tools.run_tool`` messages as one group, in one round trip.
@@ -85,7 +90,12 @@ class CeleryDispatcher:
 
     def revoke(self, call_ids: Sequence[str]) -> None:
         """Revoke calls not yet started, and stop running ones: the worker's main process
-        sends SIGTERM to the pool process running each, which stops the call and tears its
-        sandbox down (``services/tools/termination.py``)."""
+        signals the pool process running each, which stops the call and tears its sandbox
+        down (``services/tools/termination.py``) if that call is still the one it runs.
+
+        The calls are marked cancelled first (``shared/call_cancel.py``): the signal goes to
+        a process, which may have moved on to another tenant's call when it lands.
+        """
         if call_ids:
-            self.app.control.revoke(list(call_ids), terminate=True, signal="SIGTERM")
+            mark_cancelled(self.client, self.keys, call_ids)
+            self.app.control.revoke(list(call_ids), terminate=True, signal=CANCEL_SIGNAL)

@@ -59,13 +59,14 @@ def _runtime() -> Runtime:
     # Its own connection pool, named so an operator can tell it apart in CLIENT LIST.
     feed_client = redis.Redis.from_url(settings.redis_url, client_name=APPROVALS_CLIENT_NAME)
     model = make_model(settings)
+    client = redis.Redis.from_url(settings.redis_url)
     return Runtime(
         settings=settings,
         sessions=sessions,
-        redis=redis.Redis.from_url(settings.redis_url),
+        redis=client,
         keys=keys,
         model=model,
-        dispatcher=CeleryDispatcher(app),
+        dispatcher=CeleryDispatcher(app, client, keys),
         enqueue_turn=lambda turn_id: app.send_task(RUN_TURN_TASK, args=[turn_id]),
         policy=policy,
         approvals=ApprovalFeed(feed_client, keys.approvals_channel, sessions),

@@ -123,15 +123,38 @@ def _enable(own: Path, controllers: set[str]) -> None:
     _write(own / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(controllers)))
 
 
+MOVE_ROUNDS = 20  # tries to empty a container's root cgroup before giving up with the pids
+MOVE_PAUSE_S = 0.01
+
+
 def _move_processes_to_leaf(own: Path) -> None:
     """Free a container's root cgroup of processes, so it may delegate controllers."""
     leaf = own / WORKER_LEAF
     leaf.mkdir(exist_ok=True)
-    while pids := _words(own / "cgroup.procs"):
-        for pid in pids:
-            with contextlib.suppress(OSError):  # gone already, or a kernel thread
+    failed: dict[str, str] = {}
+    # Rounds, because a process may fork while we move; bounded, because one that cannot be
+    # moved (another owner's, a kernel thread) would otherwise keep us here for ever.
+    for round_ in range(MOVE_ROUNDS + 1):
+        pids = _words(own / "cgroup.procs")
+        if not pids:
+            log.info("moved this container's processes into %s to delegate controllers", leaf)
+            return
+        if round_ == MOVE_ROUNDS:
+            break
+        failed = {}
+        for pid in sorted(pids):
+            try:
                 _write(leaf / "cgroup.procs", pid)
-    log.info("moved this container's processes into %s to delegate cgroup controllers", leaf)
+            except OSError as exc:  # gone already (fine), or refused
+                failed[pid] = exc.strerror or type(exc).__name__
+        time.sleep(MOVE_PAUSE_S)
+    still = sorted(pids)
+    why = "; ".join(f"{pid}: {failed[pid]}" for pid in still if pid in failed)
+    raise CgroupUnavailable(
+        f"cannot move processes {', '.join(still)} out of {own} into {leaf} after "
+        f"{MOVE_ROUNDS} tries ({why or 'they stay'}), so cgroup controllers cannot be "
+        "delegated there; delegate a cgroup to the worker (docs/tools.md)"
+    )
 
 
 def _v2_parents(own: Path, path: str) -> Parents:

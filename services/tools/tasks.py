@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Any
 
 from celery import Task
@@ -12,7 +13,9 @@ from celery.signals import worker_process_init, worker_ready
 from services.tools import termination
 from services.tools.execution import Deps, report_killed, report_stopped, run_call
 from services.tools.worker import app, registry, settings
+from shared.call_cancel import checker_client, is_cancelled
 from shared.celery_app import RUN_TOOL_TASK
+from shared.redis_keys import RedisKeys
 
 _deps: tuple[int, Deps] | None = None
 
@@ -29,7 +32,8 @@ def deps() -> Deps:
 def _connect(**_: Any) -> None:
     # Connect before the first task: its time limit should not pay for the set-up.
     deps()
-    termination.install()
+    checker = checker_client(settings.redis_url)
+    termination.install(partial(is_cancelled, checker, RedisKeys(settings.redis_prefix)))
 
 
 @worker_ready.connect
@@ -54,7 +58,8 @@ def run_tool(request: dict[str, Any]) -> str:
     """Run one tool call and publish its result; returns the status, "skipped" for a
     redelivery, or "terminated" when its turn's cancel stopped it (``termination``)."""
     try:
-        with termination.running_call():
+        call_id = request.get("call_id")
+        with termination.running_call(call_id if isinstance(call_id, str) else ""):
             result = run_call(request, deps())
     except BaseException as exc:
         if not termination.stopped(exc):

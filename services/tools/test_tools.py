@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from services.tools.proposals_client import FileChange, propose
 from services.tools.registry import Registry, ToolContext, ToolOutput
+from shared.call_cancel import CANCEL_SIGNAL
 from shared.redis_keys import RedisKeys
 
 registry = Registry()
@@ -134,15 +135,16 @@ class ProposeLaterInput(BaseModel):
 @registry.tool(
     name="propose_later",
     description=(
-        "TEST ONLY: with SIGTERM blocked (a call that cannot be stopped at once), wait, then "
-        "propose writing a file, as a write_file still in flight when its turn is cancelled."
+        "TEST ONLY: with the stop signals blocked (a call that cannot be stopped at once), "
+        "wait, then propose writing a file, as a write_file in flight when its turn is cancelled."
     ),
     timeout_s=20,
     side_effect="propose",
 )
 def propose_later(args: ProposeLaterInput, ctx: ToolContext) -> str | ToolOutput:
-    """Wait ``args.seconds`` deaf to SIGTERM, then propose ``args.path``."""
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    """Wait ``args.seconds`` deaf to SIGTERM and the cancel signal, then propose ``args.path``."""
+    deaf = {signal.SIGTERM, signal.Signals[CANCEL_SIGNAL]}
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, deaf)
     try:
         ctx.redis.incr(counter_key(ctx.keys, args.started_key))
         time.sleep(args.seconds)

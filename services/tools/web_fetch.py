@@ -23,6 +23,7 @@ other non-content elements dropped, one line per block.
 
 from __future__ import annotations
 
+import codecs
 import ipaddress
 import re
 import socket
@@ -186,6 +187,18 @@ def _read(response: httpx.Response, limits: FetchLimits, deadline: float) -> tup
     return bytes(body), False
 
 
+def _text_codec(charset: str | None) -> str | None:
+    """``charset`` if Python knows it as a text encoding, else None (read as UTF-8): a page's
+    ``charset=bogus`` (or ``hex``, a bytes-to-bytes codec) is the page's error, not ours."""
+    if charset is None:
+        return None
+    try:
+        info = codecs.lookup(charset)
+    except LookupError:
+        return None
+    return charset if info._is_text_encoding else None
+
+
 def fetch(
     url: str,
     limits: FetchLimits,
@@ -203,6 +216,9 @@ def fetch(
         transport=transport, trust_env=False, follow_redirects=False, timeout=timeout
     ) as client:
         for _hop in range(MAX_REDIRECTS + 1):
+            left = deadline - time.monotonic()
+            if left <= 0:  # the limit is the whole fetch's: a chain of slow hops meets it too
+                raise ToolTimeout(f"web_fetch took longer than {limits.timeout_s:g} s")
             address = _checked(current, resolver)
             host = current.raw_host.decode("ascii")
             pinned = current.copy_with(host=str(address))
@@ -213,7 +229,13 @@ def fetch(
                 "Accept-Encoding": "gzip, deflate",
             }
             extensions = {"sni_hostname": host} if current.scheme == "https" else {}
-            request = client.build_request("GET", pinned, headers=headers, extensions=extensions)
+            request = client.build_request(
+                "GET",
+                pinned,
+                headers=headers,
+                extensions=extensions,
+                timeout=httpx.Timeout(left, connect=min(left, limits.connect_timeout_s)),
+            )
             try:
                 response = client.send(request, stream=True)
             except httpx.TimeoutException:
@@ -234,7 +256,7 @@ def fetch(
                 response.close()
             content_type = response.headers.get("content-type", "")
             mime = content_type.split(";", 1)[0].strip().lower()
-            charset = response.charset_encoding
+            charset = _text_codec(response.charset_encoding)
             return Fetched(str(current), response.status_code, mime, charset, body, truncated)
     raise ToolError(f"more than {MAX_REDIRECTS} redirects from {url!r}")
 

@@ -37,6 +37,9 @@ MAX_LIST_ENTRIES = 1000  # a listing longer than this helps no model; it narrows
 SEARCH_FILE_MAX_BYTES = 1024 * 1024  # bigger files are skipped by search (logs, dumps)
 SEARCH_LINE_MAX_CHARS = 300  # each matching line is cut to this in the output
 EDIT_MAX_BYTES = 4 * 1024 * 1024  # a proposal carries the file before and after
+# Directory levels search_files and delete_directory walk (with their own stack, so this is
+# about open fds, one per level, and sane answers, not Python's recursion limit).
+MAX_WALK_DEPTH = 64
 SKIPPED_DIRS = frozenset({".git"})  # walked by no tool: large, and never what the model wants
 # Secret files (``settings.secret_denylist``, ``denylist.py``) are refused by name and left
 # out of every listing and search: the model never learns their content.
@@ -219,28 +222,47 @@ class SearchFilesInput(BaseModel):
     glob: str | None = Field(None, description="only files matching this glob, e.g. '*.py'")
 
 
-def _files(fd: int, base: PurePosixPath, hidden: Sequence[str]) -> Iterator[tuple[int, str, str]]:
-    """(directory fd, name, relative path) of every regular file under ``fd``, no symlinks,
-    none the denylist hides."""
+def _files(
+    root_fd: int, base: PurePosixPath, hidden: Sequence[str], too_deep: list[str]
+) -> Iterator[tuple[int, str, str]]:
+    """(directory fd, name, relative path) of every regular file under ``root_fd``, no
+    symlinks, none the denylist hides, at most ``MAX_WALK_DEPTH`` levels down (deeper
+    directories are appended to ``too_deep``). Walked with an explicit stack."""
+    stack = [(_sorted_entries(root_fd), root_fd, base)]
+    try:
+        while stack:
+            entries, fd, here = stack[-1]
+            entry = next(entries, None)
+            if entry is None:
+                stack.pop()
+                if fd != root_fd:
+                    os.close(fd)
+                continue
+            if entry.is_symlink():
+                continue
+            is_dir = entry.is_dir(follow_symlinks=False)
+            if denied(here / entry.name, is_dir, hidden) is not None:
+                continue
+            if is_dir:
+                if entry.name in SKIPPED_DIRS:
+                    continue
+                if len(stack) > MAX_WALK_DEPTH:
+                    too_deep.append(_join(here, entry.name))
+                    continue
+                sub = open_subdirectory(fd, entry.name)
+                if sub is not None:
+                    stack.append((_sorted_entries(sub), sub, here / entry.name))
+            elif entry.is_file(follow_symlinks=False):
+                yield fd, entry.name, _join(here, entry.name)
+    finally:
+        for _entries, fd, _here in stack:
+            if fd != root_fd:
+                os.close(fd)
+
+
+def _sorted_entries(fd: int) -> Iterator[os.DirEntry[str]]:
     with os.scandir(fd) as it:
-        entries = sorted(it, key=lambda e: e.name)
-    for entry in entries:
-        if entry.is_symlink():
-            continue
-        if denied(base / entry.name, entry.is_dir(follow_symlinks=False), hidden) is not None:
-            continue
-        if entry.is_dir(follow_symlinks=False):
-            if entry.name in SKIPPED_DIRS:
-                continue
-            sub = open_subdirectory(fd, entry.name)
-            if sub is None:
-                continue
-            try:
-                yield from _files(sub, base / entry.name, hidden)
-            finally:
-                os.close(sub)
-        elif entry.is_file(follow_symlinks=False):
-            yield fd, entry.name, _join(base, entry.name)
+        return iter(sorted(it, key=lambda e: e.name))
 
 
 def _wanted(rel: str, glob: str | None) -> bool:
@@ -276,6 +298,7 @@ def search_files(args: SearchFilesInput, ctx: ToolContext) -> str:
     where = _here(ctx, args.path)
     limit = ctx.settings.search_max_results
     out: list[str] = []
+    too_deep: list[str] = []
     if where.relative.parts and not _is_dir(where):
         with open_file(where) as handle:
             data = handle.read(SEARCH_FILE_MAX_BYTES)
@@ -283,7 +306,8 @@ def search_files(args: SearchFilesInput, ctx: ToolContext) -> str:
             _search_file(data, where.display, regex, out, limit)
     else:
         with open_directory(where) as fd:
-            for dir_fd, name, rel in _files(fd, where.relative, ctx.settings.secret_denylist):
+            hidden = ctx.settings.secret_denylist
+            for dir_fd, name, rel in _files(fd, where.relative, hidden, too_deep):
                 if len(out) > limit:
                     break
                 if not _wanted(rel, args.glob):
@@ -296,13 +320,19 @@ def search_files(args: SearchFilesInput, ctx: ToolContext) -> str:
                 if len(data) > SEARCH_FILE_MAX_BYTES or _is_binary(data):
                     continue
                 _search_file(data, rel, regex, out, limit)
+    deep = ""
+    if too_deep:
+        deep = (
+            f"\n[not searched: {', '.join(too_deep[:3])}{' and more' if len(too_deep) > 3 else ''}"
+            f", more than {MAX_WALK_DEPTH} directories deep; search there with path]"
+        )
     if not out:
-        return f"no matches for {args.pattern!r} in {where.display}"
+        return f"no matches for {args.pattern!r} in {where.display}{deep}"
     if len(out) > limit:
         return "\n".join(out[:limit]) + (
             f"\n[stopped at {limit} matches; narrow the pattern, path or glob]"
         )
-    return "\n".join(out)
+    return "\n".join(out) + deep
 
 
 def _is_dir(where: Confined) -> bool:
@@ -442,53 +472,75 @@ class DeleteDirectoryInput(BaseModel):
 
 
 def _tree(
-    fd: int, base: PurePosixPath, recursive: bool, hidden: Sequence[str], out: list[FileChange]
+    root_fd: int, base: PurePosixPath, recursive: bool, hidden: Sequence[str], out: list[FileChange]
 ) -> None:
-    """Append a delete of every file under ``fd``; refuse what a proposal cannot delete."""
-    with os.scandir(fd) as it:
-        entries = sorted(it, key=lambda e: e.name)
-    for entry in entries:
-        rel = base / entry.name
-        is_dir = entry.is_dir(follow_symlinks=False)
-        if denied(rel, is_dir, hidden) is not None:
+    """Append a delete of every file under ``root_fd``; refuse what a proposal cannot delete.
+    Walked with an explicit stack, at most ``MAX_WALK_DEPTH`` levels down."""
+    stack = [(_sorted_entries(root_fd), root_fd, base)]
+    try:
+        while stack:
+            entries, fd, here = stack[-1]
+            entry = next(entries, None)
+            if entry is None:
+                stack.pop()
+                if fd != root_fd:
+                    os.close(fd)
+                continue
+            rel = here / entry.name
+            if _tree_entry(fd, entry, rel, recursive, hidden, out):
+                if len(stack) > MAX_WALK_DEPTH:
+                    raise ToolError(
+                        f"{str(base)!r} goes more than {MAX_WALK_DEPTH} directories deep: too "
+                        "deep for one proposal; delete its deepest directories first"
+                    )
+                sub = open_subdirectory(fd, entry.name)
+                if sub is None:
+                    raise ToolError(f"{str(rel)!r} changed while it was read; try again")
+                stack.append((_sorted_entries(sub), sub, rel))
+    finally:
+        for _entries, fd, _here in stack:
+            if fd != root_fd:
+                os.close(fd)
+
+
+def _tree_entry(
+    fd: int,
+    entry: os.DirEntry[str],
+    rel: PurePosixPath,
+    recursive: bool,
+    hidden: Sequence[str],
+    out: list[FileChange],
+) -> bool:
+    """Append the delete of one file; True for a directory to walk into."""
+    base = rel.parent
+    is_dir = entry.is_dir(follow_symlinks=False)
+    if denied(rel, is_dir, hidden) is not None:
+        raise ToolError(f"{str(base)!r} holds files hidden from tools; ask the user to delete it")
+    if entry.is_symlink() or not (is_dir or entry.is_file(follow_symlinks=False)):
+        raise ToolError(f"{str(rel)!r} is a symlink or special file; a proposal cannot delete it")
+    if is_dir:
+        if not recursive:
             raise ToolError(
-                f"{str(base)!r} holds files hidden from tools; ask the user to delete it"
+                f"{str(base)!r} has subdirectories ({entry.name!r}); pass recursive=true to "
+                "delete them and everything in them"
             )
-        if entry.is_symlink() or not (is_dir or entry.is_file(follow_symlinks=False)):
-            raise ToolError(
-                f"{str(rel)!r} is a symlink or special file; a proposal cannot delete it"
-            )
-        if is_dir:
-            if not recursive:
-                raise ToolError(
-                    f"{str(base)!r} has subdirectories ({entry.name!r}); pass recursive=true to "
-                    "delete them and everything in them"
-                )
-            sub = open_subdirectory(fd, entry.name)
-            if sub is None:
-                raise ToolError(f"{str(rel)!r} changed while it was read; try again")
-            try:
-                _tree(sub, rel, recursive, hidden, out)
-            finally:
-                os.close(sub)
-            continue
-        if len(out) >= MAX_PROPOSAL_FILES:
-            raise ToolError(
-                f"{str(base)!r} holds more than {MAX_PROPOSAL_FILES} files: too many for one "
-                "proposal; delete its subdirectories one by one"
-            )
-        opened = open_file_at(fd, entry.name)
-        if opened is None:
-            raise ToolError(f"{str(rel)!r} changed while it was read; try again")
-        digest = hashlib.sha256()
-        with opened:
-            while chunk := opened.read(1024 * 1024):
-                digest.update(chunk)
-        out.append(
-            FileChange(
-                path=str(rel), operation="delete", after=None, before_sha256=digest.hexdigest()
-            )
+        return True
+    if len(out) >= MAX_PROPOSAL_FILES:
+        raise ToolError(
+            f"{str(base)!r} holds more than {MAX_PROPOSAL_FILES} files: too many for one "
+            "proposal; delete its subdirectories one by one"
         )
+    opened = open_file_at(fd, entry.name)
+    if opened is None:
+        raise ToolError(f"{str(rel)!r} changed while it was read; try again")
+    digest = hashlib.sha256()
+    with opened:
+        while chunk := opened.read(1024 * 1024):
+            digest.update(chunk)
+    out.append(
+        FileChange(path=str(rel), operation="delete", after=None, before_sha256=digest.hexdigest())
+    )
+    return False
 
 
 @registry.tool(

@@ -20,6 +20,7 @@ from celery import Celery
 from services.orchestrator.dispatch import HARD_LIMIT_EXTRA_S, CeleryDispatcher
 from shared.celery_app import RUN_TOOL_TASK, make_celery
 from shared.ids import new_id
+from shared.redis_keys import RedisKeys
 from shared.settings import CommonSettings
 from shared.tool_contract import ToolCallRequest, ToolSpec
 
@@ -68,7 +69,7 @@ def test_a_steps_calls_go_out_as_one_group_with_their_own_time_limits(
     turn_id = new_id("turn")
     calls = [(_request(turn_id, limit), _spec(queue)) for limit in (1.0, 2.5, 30.0)]
 
-    CeleryDispatcher(app).send(calls)
+    CeleryDispatcher(app, redis_client, RedisKeys(redis_prefix)).send(calls)
 
     messages = _queued(redis_client, f"{redis_prefix}{queue}")
     assert [m["headers"]["id"] for m in messages] == [r.call_id for r, _ in calls]

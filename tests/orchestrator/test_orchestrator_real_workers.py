@@ -49,7 +49,9 @@ from .support import make_conversation, make_turn
 
 REPO = Path(__file__).resolve().parents[2]
 TURN_S = 30.0
-GONE_WITHIN_S = 3.0  # from the cancel to the last process of the sandbox run gone
+# From the cancel to the last process of the sandbox run gone: a deadline to wait for on a
+# loaded machine, not a performance assertion (measured 0.23-0.30 s, docs/tools.md).
+GONE_WITHIN_S = 15.0
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -313,7 +315,7 @@ def test_a_write_in_flight_at_the_cancel_leaves_no_pending_proposal(
     call = _call(db_sessions, turn_id, "propose_later")
     assert call is not None
     assert call.status == "cancelled"
-    # The call outlives the cancel (SIGTERM is blocked in it) and then tries to propose.
+    # The call outlives the cancel (its signal is blocked in it) and then tries to propose.
     wait_until(
         lambda: d.redis.get(counter_key(d.keys, started)) == b"2",
         timeout_s=TURN_S,

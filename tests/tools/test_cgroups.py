@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,26 @@ def test_a_host_without_a_memory_controller_is_refused_with_the_reason() -> None
     only_cpu = "40 33 0:35 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n"
     with pytest.raises(cgroups.CgroupUnavailable, match="no memory cgroup controller"):
         cgroups.locate_in(only_cpu, "3:cpu:/\n")
+
+
+def test_a_process_that_cannot_be_moved_out_of_the_root_cgroup_is_named_not_retried_forever(
+    tmp_path: Path,
+) -> None:
+    # A directory standing for the cgroup: its pid never leaves cgroup.procs, as a process
+    # the kernel refuses to move (a kernel thread, another owner's) never does.
+    (tmp_path / "cgroup.procs").write_text("4242\n")
+    outcome: list[BaseException | None] = []
+
+    def move() -> None:
+        try:
+            cgroups._move_processes_to_leaf(tmp_path)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=move, daemon=True)
+    thread.start()
+    thread.join(timeout=10)  # a deadline for a bounded loop, generous on a loaded machine
+    assert not thread.is_alive(), "still retrying"
+    assert isinstance(outcome[0], cgroups.CgroupUnavailable)
+    assert "4242" in str(outcome[0]) and str(tmp_path) in str(outcome[0])

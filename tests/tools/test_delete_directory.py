@@ -11,6 +11,7 @@ import pytest
 
 from services.tools.proposals_client import USER_HEADER
 from tests.tools.conftest import ToolEnv
+from tests.tools.test_workspace_view import _chain, _unchain
 
 pytestmark = pytest.mark.usefixtures("proposals_http")
 
@@ -86,3 +87,13 @@ def test_a_directory_holding_hidden_secrets_or_symlinks_is_refused(
     (tree / "link").symlink_to("/etc/passwd")
     result = tool_env.run("delete_directory", path="build", recursive=True)
     assert result.status == "error" and "symlink" in (result.error or "")
+
+
+def test_deleting_a_directory_a_thousand_levels_deep_is_refused_clearly(tool_env: ToolEnv) -> None:
+    (tool_env.workspace / "deep").mkdir()
+    _chain(tool_env.workspace / "deep", "d", 1000)
+    try:
+        result = tool_env.run("delete_directory", path="deep", recursive=True)
+        assert result.status == "error" and "directories deep" in (result.error or ""), result
+    finally:
+        _unchain(tool_env.workspace / "deep", "d")

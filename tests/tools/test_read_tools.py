@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tests.tools.conftest import ToolEnv
+from tests.tools.test_workspace_view import _chain, _unchain
 
 
 def test_read_file_returns_the_whole_text(tool_env: ToolEnv) -> None:
@@ -141,3 +142,16 @@ def test_search_files_skips_binary_files_and_reports_no_match(tool_env: ToolEnv)
 def test_search_files_names_a_bad_pattern(tool_env: ToolEnv) -> None:
     result = tool_env.run("search_files", pattern="([unclosed")
     assert result.status == "error" and "'([unclosed'" in (result.error or "")
+
+
+def test_searching_a_workspace_a_thousand_directories_deep_is_not_a_tool_bug(
+    tool_env: ToolEnv,
+) -> None:
+    _chain(tool_env.workspace, "d", 1000)
+    try:
+        result = tool_env.run("search_files", pattern="deep|42")
+        assert result.status == "ok", result.error
+        assert "sub/code.py:2:" in result.output  # the shallow files are searched
+        assert "directories deep" in result.output  # and the cut is said
+    finally:
+        _unchain(tool_env.workspace, "d")

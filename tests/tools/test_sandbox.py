@@ -150,7 +150,9 @@ def test_output_is_captured_and_capped(tool_env: ToolEnv) -> None:
 def test_a_sleeping_program_past_its_wall_clock_limit_ends_timeout(tool_env: ToolEnv) -> None:
     result = _run_tool(tool_env, "import time\ntime.sleep(60)\n", timeout_s=2.0)
     assert result.status == "timeout" and "wall-clock limit of 1 s" in (result.error or "")
-    assert result.duration_ms < 3000
+    # Stopped by the 1 s wall clock, long before the program's own 60 s: the upper bound is a
+    # deadline a loaded 2-core CI machine meets (bwrap start-up, the kill, the cgroup's removal).
+    assert 1000 <= result.duration_ms < 15_000
 
 
 def test_the_program_has_no_network(tool_env: ToolEnv, redis_url: str) -> None:

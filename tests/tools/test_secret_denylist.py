@@ -10,6 +10,7 @@ from pathlib import PurePosixPath
 import pytest
 
 from services.tools.denylist import DEFAULT_DENYLIST, denied
+from shared.secret_files import DEFAULT_SECRET_DENYLIST
 from shared.settings import ToolsSettings
 from tests.tools.conftest import ToolEnv
 
@@ -96,3 +97,27 @@ def test_the_default_is_on_and_matches_by_name_at_any_depth() -> None:
     assert denied(PurePosixPath(".git"), False, deny) is None  # a worktree's .git file
     assert denied(PurePosixPath("environment.py"), False, deny) is None
     assert denied(PurePosixPath("config/prod.yaml"), False, ["config/prod.yaml"]) is not None
+
+
+@pytest.mark.parametrize("name", ["SERVER.PEM", "Prod.Key", ".ENV", ".Env.Local", "ID_RSA"])
+def test_a_secret_named_in_other_letter_case_is_hidden_too(tool_env: ToolEnv, name: str) -> None:
+    (tool_env.workspace / name).write_text(CREDENTIAL)
+    result = tool_env.run("read_file", path=name)
+    assert result.status == "error" and "secret denylist" in (result.error or ""), result
+    listed = tool_env.run("list_dir", path=".")
+    assert name not in listed.output and CREDENTIAL not in listed.output
+
+
+def test_a_deployment_list_without_git_still_hides_git(secrets_env: ToolEnv) -> None:
+    for patterns in (["*.key"], []):
+        result = secrets_env.run_with(
+            {"secret_denylist": patterns}, "read_file", path=".git/config"
+        )
+        assert result.status == "error" and CREDENTIAL not in result.output, (patterns, result)
+        listed = secrets_env.run_with({"secret_denylist": patterns}, "list_dir", path=".")
+        assert ".git" not in listed.output.split(), listed.output
+
+
+def test_settings_and_the_tools_share_one_default() -> None:
+    assert ToolsSettings.model_fields["secret_denylist"].default_factory is not None
+    assert list(DEFAULT_DENYLIST) == list(DEFAULT_SECRET_DENYLIST)

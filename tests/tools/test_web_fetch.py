@@ -256,3 +256,36 @@ def test_binary_is_refused() -> None:
 def test_web_fetch_asks_a_human_first() -> None:
     tool = registry.get("web_fetch")
     assert tool is not None and tool.spec.mode == "confirm"
+
+
+@pytest.mark.parametrize("charset", ["bogus", "hex", "rot13"])
+@pytest.mark.parametrize("mime", ["text/plain", "text/html"])
+def test_an_unknown_charset_is_read_as_utf8_not_a_tool_bug(charset: str, mime: str) -> None:
+    _, resolve = _resolver({"odd.example": [[PUBLIC]]})
+    body = "<html><body>caf\u00e9</body></html>" if mime == "text/html" else "caf\u00e9"
+    content_type = f"{mime}; charset={charset}"
+    net = _Recorder({"odd.example": _page(200, body, **{"Content-Type": content_type})})
+    fetched = fetch("http://odd.example/", LIMITS, resolve, net.transport)
+    assert readable(fetched) == "caf\u00e9"
+
+
+def test_the_deadline_holds_across_redirect_hops() -> None:
+    """Each hop answers within the time limit, the chain of them does not: the fetch ends at
+    the limit for the whole fetch, not a limit per hop."""
+    hops: list[str] = []
+
+    def slow_hop(request: httpx.Request) -> httpx.Response:
+        hops.append(request.headers["host"])
+        time.sleep(0.3)  # a slow server before its headers, under test
+        if len(hops) < 5:
+            return httpx.Response(302, headers={"Location": f"http://h{len(hops)}.example/"})
+        return httpx.Response(200, content=b"arrived", headers={"Content-Type": "text/plain"})
+
+    def resolve(host: str, port: int) -> list[str]:
+        return [PUBLIC]
+
+    limits = FetchLimits(max_bytes=1024, timeout_s=0.5)
+    started = time.monotonic()
+    with pytest.raises(ToolTimeout):
+        fetch("http://h0.example/", limits, resolve, httpx.MockTransport(slow_hop))
+    assert len(hops) < 5 and time.monotonic() - started < 5 * 0.3

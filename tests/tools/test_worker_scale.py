@@ -163,7 +163,8 @@ def test_two_workers_limits_in_c_the_sandbox_queue_and_a_killed_worker(
         b.signal_group(signal.SIGKILL)
         killed = time.monotonic()
         while "shout" in read_catalogue(redis_client, keys):
-            assert time.monotonic() - killed < 3 * REFRESH_S + 2, "shout outlived its TTL"
+            # A deadline, generous for a loaded machine; it still proves the TTL ends it.
+            assert time.monotonic() - killed < 3 * REFRESH_S + 10, "shout outlived its TTL"
             time.sleep(0.05)  # the TTL runs out in Redis: polled with a deadline
         remaining = read_catalogue(redis_client, keys)
         assert {"run_python", "block", "read_file"} <= set(remaining)
