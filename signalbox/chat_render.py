@@ -207,7 +207,17 @@ def _summary_line(data: Mapping[str, Any], event: Mapping[str, Any], turn: _Turn
         elapsed = _elapsed_ms(turn.started_ts, str(event.get("ts")))
         if elapsed is not None:
             parts.append(format_duration(elapsed))
-    parts.append(f"tokens {usage.get('input_tokens', 0)} in / {usage.get('output_tokens', 0)} out")
+    # input_tokens is only what the prompt cache neither read nor wrote: the prompt is all three.
+    prompt = sum(
+        int(usage.get(k) or 0)
+        for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    )
+    cached = int(usage.get("cache_read_input_tokens") or 0)
+    parts.append(
+        f"tokens {prompt} in"
+        + (f" ({cached} cached)" if cached else "")
+        + f" / {usage.get('output_tokens', 0)} out"
+    )
     line = f"== turn {data.get('status')}: " + "; ".join(parts)
     if data.get("error"):
         line += f"; error: {data.get('error')}"

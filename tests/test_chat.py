@@ -406,3 +406,19 @@ def test_interactive_chat_answers_the_approval_prompt_from_stdin(
     assert "approved: now applied" in out
     typed = stack.config.workspaces_root / user[0] / "default" / "typed.txt"
     assert typed.read_text() == "typed in\n"
+
+
+def test_the_summary_counts_the_whole_prompt_cached_or_not() -> None:
+    """``input_tokens`` is only what the cache neither read nor wrote: the prompt is all three."""
+    usage = {
+        "input_tokens": 10,
+        "cache_creation_input_tokens": 200,
+        "cache_read_input_tokens": 3000,
+        "output_tokens": 40,
+    }
+    events = [
+        {**e, "data": {**e["data"], "usage": usage}} if e["kind"] == "turn_finished" else e
+        for e in a_turn()
+    ]
+    text = "".join(Renderer().render(e) for e in events)
+    assert text.splitlines()[-1].endswith("tokens 3210 in (3000 cached) / 40 out")

@@ -440,7 +440,11 @@ function setTurnStatus(turn, status) {
     const ms = between(turn.startedTs || turn.queuedTs, turn.finished.ts);
     if (ms !== null) parts.push(seconds(ms));
     const u = turn.finished.usage;
-    parts.push(`${(u.input_tokens || 0) + (u.output_tokens || 0)} tokens (${u.input_tokens || 0} in, ${u.output_tokens || 0} out)`);
+    const input = promptTokens(u);
+    const cached = u.cache_read_input_tokens || 0;
+    const read = cached ? `, ${cached} of them from the cache` : "";
+    const cost = typeof u.cost_usd === "number" ? ` · $${u.cost_usd.toFixed(4)}` : "";
+    parts.push(`${input + (u.output_tokens || 0)} tokens (${input} in${read}, ${u.output_tokens || 0} out)${cost}`);
     if (turn.finished.error) parts.push(turn.finished.error);
   }
   const when = localTime(turn.startedTs || turn.queuedTs);
@@ -574,10 +578,17 @@ function answered(questionId) {
   for (const control of box.querySelectorAll("button, input")) control.disabled = true;
 }
 
+// The whole prompt: input_tokens counts only what was neither read from nor written to the
+// prompt cache (the Messages API's meaning).
+function promptTokens(usage) {
+  return (usage.input_tokens || 0) + (usage.cache_creation_input_tokens || 0)
+    + (usage.cache_read_input_tokens || 0);
+}
+
 function showContext(finished) {
   // The last step's input is the conversation so far: estimate it as the turn's input per step.
   const steps = Math.max(finished.steps || 1, 1);
-  const tokens = Math.round((finished.usage.input_tokens || 0) / steps);
+  const tokens = Math.round(promptTokens(finished.usage) / steps);
   const share = Math.min(tokens / CONTEXT_WINDOW_TOKENS, 1);
   $("context").hidden = false;
   $("context-fill").style.width = `${(share * 100).toFixed(1)}%`;
