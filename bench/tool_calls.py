@@ -52,7 +52,7 @@ class Caller:
     def __init__(self, env: BenchEnv) -> None:
         self.env = env
         self.app = env.celery("bench-orchestrator")
-        self.dispatcher = CeleryDispatcher(self.app)
+        self.dispatcher = CeleryDispatcher(self.app, env.redis, env.keys)
         self.user_id = "user_bench"
         self.catalogue: dict[str, ToolSpec] = {}
 
