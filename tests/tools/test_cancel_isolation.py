@@ -108,10 +108,11 @@ def test_a_late_cancel_signal_leaves_the_next_tenants_call_alone(
         assert _result(redis_client, keys, c[0].turn_id).status == "ok"
         assert _pool_pid(redis_client, keys, c[0].call_id) == pid
         # A real cancel of a running call still stops it, at once.
-        d = call(25.0)
+        d = call(25.0, count_key=new_id("started"))
         dispatcher.send([d])
-        _pool_pid(redis_client, keys, d[0].call_id)
-        time.sleep(0.3)  # let the call start inside the tool
+        # The tool counts its run as it starts: from then on it runs inside its call.
+        started_key = counter_key(keys, str(d[0].input["count_key"]))
+        wait_until(lambda: redis_client.get(started_key) == b"1", timeout_s=DEADLINE_S)
         started = time.monotonic()
         dispatcher.revoke([d[0].call_id])
         stopped = _result(redis_client, keys, d[0].turn_id)
