@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
+from services.tools.cgroups import RUN_PREFIX
 from services.tools.execution import execute
 from services.tools.sandbox import SANDBOX_UID_BASE, Limits, run_sandboxed
 from shared.db import Conversation, Turn, make_engine, make_session_factory
@@ -208,11 +209,15 @@ print(json.dumps({'me': os.getpid(), 'seen': seen, 'pid1': pid1}))
 
 
 def _sandbox_pss_bytes() -> int:
-    """The memory of its own (anonymous and shmem, proportional) of every sandbox uid's process.
+    """The memory of its own (anonymous and shmem, proportional) of every process of a
+    sandbox run this test process started.
 
     Read from /proc, independently of the sandbox. File pages (the interpreter, shared
     libraries) are left out: they sit in the page cache, charged to whoever read them first.
+    Only runs of this process count (their cgroups are named after it): sandboxes of anything
+    else on the machine, another test run included, are not this run's.
     """
+    ours = f"/{RUN_PREFIX}{os.getpid()}-"
     total = 0
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -220,7 +225,7 @@ def _sandbox_pss_bytes() -> int:
         try:
             status = Path(f"/proc/{name}/status").read_text()
             uid = int(next(ln for ln in status.splitlines() if ln.startswith("Uid:")).split()[1])
-            if uid < SANDBOX_UID_BASE:
+            if uid < SANDBOX_UID_BASE or ours not in Path(f"/proc/{name}/cgroup").read_text():
                 continue
             rollup = Path(f"/proc/{name}/smaps_rollup").read_text()
         except (OSError, StopIteration):
@@ -279,6 +284,7 @@ def test_a_fork_and_allocate_run_is_bounded_as_a_whole(
     # the child that took its place: a little slack. Unbounded, the run holds 2.4 GiB; the
     # kernel's own peak is held to the exact limit below.
     limit = (MEMORY_MB + SAMPLING_SLACK_MB) * MIB
+    assert peak >= CHILD_MIB * MIB // 2, "the sampler saw none of the run's memory"
     assert peak <= limit, f"the run held {peak // MIB} MiB at once, over {MEMORY_MB} MiB"
     assert result.status == "error", result
     assert f"more than its memory limit of {MEMORY_MB} MB" in (result.error or "")
