@@ -14,6 +14,7 @@ find the next request.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -54,20 +55,32 @@ async def _refuse(send: Send, detail: str) -> None:
 
 class BodyLimit:
     """Pure ASGI middleware: HTTP request bodies of at most ``max_bytes``; the 413 names
-    ``setting``, the variable that raises the limit."""
+    ``setting``, the variable that raises the limit. ``paths`` gives a route (by exact
+    path) its own ``(max_bytes, setting)`` instead: the gateway's uploads."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, setting: str) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        setting: str,
+        paths: Mapping[str, tuple[int, str]] | None = None,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.detail = f"request body larger than {max_bytes} bytes ({setting})"
+        self.paths = {
+            path: (limit, f"request body larger than {limit} bytes ({name})")
+            for path, (limit, name) in (paths or {}).items()
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)  # WebSocket frames: uvicorn's ws_max_size
             return
+        max_bytes, detail = self.paths.get(scope.get("path", ""), (self.max_bytes, self.detail))
         declared = _declared_length(scope)
-        if declared is not None and declared > self.max_bytes:
-            await _refuse(send, self.detail)
+        if declared is not None and declared > max_bytes:
+            await _refuse(send, detail)
             return
         received = 0
         started = False
@@ -77,8 +90,8 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise BodyTooLarge(self.detail)
+                if received > max_bytes:
+                    raise BodyTooLarge(detail)
             return message
 
         async def watching_send(message: Message) -> None:
@@ -92,4 +105,4 @@ class BodyLimit:
             # Raised where no route handled it (e.g. a middleware reading the body).
             if started:
                 raise
-            await _refuse(send, self.detail)
+            await _refuse(send, detail)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.timestamps import rfc3339
 
 EventKind = Literal[
     "conversation_created",
@@ -23,10 +26,14 @@ EventKind = Literal[
     "question",
     "question_answered",
     "turn_finished",
+    "thinking_delta",  # added: extended thinking, as it streams
+    "context_compacted",  # added: older turns folded into a compaction note
+    "tools_selected",  # added: the agent's planner chose the tools of this turn
 ]
 
 ToolCallStatus = Literal["ok", "error", "timeout", "denied", "cancelled", "lost"]
-TurnStatus = Literal["completed", "cancelled", "failed", "step_limit"]
+# "timed_out" (added): the turn's wall-clock limit passed.
+TurnStatus = Literal["completed", "cancelled", "failed", "step_limit", "timed_out"]
 # "cancelled": withdrawn because the turn that proposed it was cancelled (added).
 ProposalStatus = Literal["pending", "applied", "rejected", "conflict", "expired", "cancelled"]
 FileOperation = Literal["create", "update", "delete"]
@@ -36,7 +43,7 @@ OUTPUT_PREVIEW_BYTES = 4096  # PROTOCOL.md: tool_call_finished carries at most 4
 
 def utc_now() -> str:
     """The current time as RFC 3339 UTC with a ``Z``."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return rfc3339(datetime.now(UTC))
 
 
 class _Data(BaseModel):
@@ -46,11 +53,28 @@ class _Data(BaseModel):
 class ConversationCreated(_Data):
     workspace: str
     title: str
+    # The bound agent version (added), absent for the deployment's default agent.
+    agent: str | None = None
+    agent_version: int | None = None
+
+
+AttachmentKind = Literal["text", "image", "pdf"]
+
+
+class Attachment(_Data):
+    """An upload attached to a user's message: enough for a client to draw its chip."""
+
+    upload_id: str
+    name: str
+    kind: AttachmentKind
+    size: int
 
 
 class TurnQueued(_Data):
     text: str
     client_turn_id: str | None = None
+    # Left out when there are none: a turn without attachments is announced as before.
+    attachments: list[Attachment] = Field(default_factory=list, exclude_if=lambda v: not v)
 
 
 class TurnStarted(_Data):
@@ -143,6 +167,94 @@ class TurnFinished(_Data):
     error: str | None = None
 
 
+class ThinkingDelta(_Data):
+    text: str
+
+
+class ToolsSelected(_Data):
+    tools: list[str]  # the tools offered for the rest of the turn, by name
+    offered: int  # how many the agent had to choose from
+    fallback: bool  # the planner gave no usable answer: every tool is offered
+
+
+class ContextCompacted(_Data):
+    turns_folded: int  # the older turns the compaction note replaces in what is sent
+    tokens_before: int
+    tokens_after: int
+
+
+# -- builders: each payload that more than one place emits is put together here, once ------
+
+
+class StartedCall(Protocol):
+    """What ``tool_call_started`` tells of a call (a ``ToolCall`` row has it all)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def tool(self) -> str: ...
+    @property
+    def input(self) -> dict[str, Any]: ...
+    @property
+    def timeout_s(self) -> float: ...
+
+
+def tool_call_started(
+    call: StartedCall, executor: Literal["server", "client"] = "server", token: str | None = None
+) -> ToolCallStarted:
+    """``tool_call_started`` of ``call``; a client tool's carries its single-use ``token``."""
+    return ToolCallStarted(
+        call_id=call.id,
+        tool=call.tool,
+        input=call.input,
+        timeout_s=call.timeout_s,
+        executor=executor,
+        token=token,
+    )
+
+
+def output_preview(output: str, limit_bytes: int = OUTPUT_PREVIEW_BYTES) -> str:
+    """``output`` cut to at most ``limit_bytes`` of UTF-8, never inside a character."""
+    raw = output.encode()
+    if len(raw) <= limit_bytes:
+        return output
+    marker = "\n…(truncated)"
+    cut = raw[: limit_bytes - len(marker.encode())]
+    return cut.decode(errors="ignore") + marker
+
+
+def tool_call_finished(
+    call_id: str,
+    tool: str,
+    status: str,
+    output: str | None,
+    error: str | None,
+    duration_ms: int | None,
+    waited_ms: int = 0,
+) -> ToolCallFinished:
+    """``tool_call_finished``: the output cut to its preview; ``status`` must be a final one."""
+    return ToolCallFinished.model_validate(
+        {
+            "call_id": call_id,
+            "tool": tool,
+            "status": status,
+            "output": output_preview(output or ""),
+            "error": error,
+            "duration_ms": duration_ms or 0,
+            "waited_ms": waited_ms,
+        }
+    )
+
+
+def turn_finished(
+    status: str, steps: int, usage: Mapping[str, Any], error: str | None = None
+) -> TurnFinished:
+    """``turn_finished``; ``status`` must be a final turn status."""
+    return TurnFinished.model_validate(
+        {"status": status, "steps": steps, "usage": dict(usage), "error": error}
+    )
+
+
 EVENT_DATA: dict[str, type[_Data]] = {
     "conversation_created": ConversationCreated,
     "turn_queued": TurnQueued,
@@ -159,6 +271,9 @@ EVENT_DATA: dict[str, type[_Data]] = {
     "question": Question,
     "question_answered": QuestionAnswered,
     "turn_finished": TurnFinished,
+    "thinking_delta": ThinkingDelta,
+    "context_compacted": ContextCompacted,
+    "tools_selected": ToolsSelected,
 }
 
 

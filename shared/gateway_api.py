@@ -7,7 +7,7 @@ HTTP"); extra fields are kept, so a field added to a reply never breaks an older
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -78,6 +78,9 @@ class ConversationSummary(_Reply):
     workspace: str
     title: str
     created_at: str | None
+    # The agent version the conversation is bound to; null: the deployment's default agent.
+    agent: str | None = None
+    agent_version: int | None = None
 
 
 class Workspace(_Reply):
@@ -101,6 +104,22 @@ class SelectedWorkspace(_Reply):
     """``POST /api/workspace/select``: the workspace new conversations now use."""
 
     name: str
+
+
+class UploadPublic(_Reply):
+    """``POST /api/uploads`` (201) and ``GET /api/uploads/{id}``: an upload's metadata.
+
+    ``kind`` and ``media_type`` are what the bytes were sniffed as, never what the client
+    said; ``upload_id`` goes in ``attachments`` of a ``user_turn``.
+    """
+
+    upload_id: str
+    name: str
+    kind: str  # a shared.events.AttachmentKind: text | image | pdf
+    media_type: str
+    size: int
+    sha256: str
+    created_at: str | None
 
 
 class TurnView(_Reply):
@@ -179,3 +198,18 @@ class ConversationDetail(ConversationSummary):
     pending_questions: list[PendingQuestion]
     pending_client_tools: list[PendingClientTool]
     proposals: list[ProposalBrief]
+
+
+class AgentView(_Reply):
+    """An agent in ``GET/POST/PUT /api/agents``: its newest version's configuration.
+
+    ``config`` holds only the fields its version sets; the others are the deployment's
+    defaults. ``scope`` ``deployment``: defined by an operator, read-only over the API.
+    """
+
+    name: str
+    version: int
+    scope: Literal["user", "deployment"]
+    config: dict[str, Any]
+    created_at: str | None
+    version_created_at: str | None

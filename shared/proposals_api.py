@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.events import FileOperation, ProposalStatus
+from shared.ids import ID_MAX_CHARS, ID_PATTERN
 from shared.protocol import MAX_REASON_CHARS as MAX_REASON_CHARS  # one limit for WS and HTTP
 from shared.protocol import NO_NUL
 
@@ -134,6 +135,37 @@ class GitState(BaseModel):
 
     branch: str | None
     dirty: bool
+
+
+# -- the internal route a tool worker calls: ``POST /internal/proposals`` -------------------
+
+MAX_TEXT_CHARS = 10 * 1024 * 1024  # a file's proposed content
+MAX_SUMMARY_CHARS = 10_000
+
+# An id of the project's form: checked before any lookup, so a NUL or an over-long id is a
+# 422 here and never a database error.
+InternalId = Annotated[str, Field(max_length=ID_MAX_CHARS, pattern=ID_PATTERN)]
+
+
+class FileChange(BaseModel):
+    """One file of a new proposal, as a write tool makes it and the proposals service takes it."""
+
+    path: Annotated[FilePath, Field(min_length=1)]
+    operation: FileOperation
+    after: str | None = Field(default=None, max_length=MAX_TEXT_CHARS, pattern=NO_NUL)
+    before_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+
+class CreateProposal(BaseModel):
+    """``POST /internal/proposals``: a tool worker proposes file changes for a conversation."""
+
+    user_id: InternalId
+    conversation_id: InternalId
+    turn_id: InternalId | None = None
+    call_id: InternalId | None = None
+    workspace: str | None = Field(default=None, max_length=100)
+    summary: str = Field(default="", max_length=MAX_SUMMARY_CHARS, pattern=NO_NUL)
+    files: list[FileChange] = Field(min_length=1, max_length=MAX_FILES)
 
 
 class WorkspaceStatus(BaseModel):

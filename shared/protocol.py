@@ -20,6 +20,8 @@ ErrorCode = Literal[
     "replay_gap",
     "unavailable",
     "internal",
+    "too_large",
+    "unsupported_type",
 ]
 
 CLIENT_FRAME_TYPES = (
@@ -50,6 +52,7 @@ MAX_REASON_CHARS = 2_000  # why a human denied a call or rejected a proposal
 MAX_ID_CHARS = 200  # any id a client names or chooses (the server's own are ~30)
 MAX_CLIENT_TOOLS = 64  # tools one user_turn may declare
 MAX_TOOL_DESCRIPTION_CHARS = 10_000
+MAX_ATTACHMENTS = 20  # uploads one user_turn may attach (POST /api/uploads)
 
 Id = Annotated[str, Field(max_length=MAX_ID_CHARS, pattern=NO_NUL)]
 
@@ -116,6 +119,10 @@ class UserTurn(_Frame):
     client_turn_id: Id | None = None
     workspace: Id | None = None  # a valid name is at most 100 (shared/workspace_paths.py)
     client_tools: list[ClientToolSpec] | None = Field(default=None, max_length=MAX_CLIENT_TOOLS)
+    attachments: list[Id] | None = Field(default=None, max_length=MAX_ATTACHMENTS)
+    # The agent a new conversation runs as (GET /api/agents); on a started conversation
+    # only the agent it is bound to (added).
+    agent: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$", max_length=64)
 
 
 class Cancel(_Frame):

@@ -68,6 +68,9 @@ class GatewaySettings(_NeedsInternalToken):
     # shared/body_limit.py); the longest text a frame or body may carry is in shared/protocol.py.
     ws_max_frame_bytes: int = Field(default=1024 * 1024, gt=0)
     http_max_body_bytes: int = Field(default=1024 * 1024, gt=0)
+    # The largest attachment POST /api/uploads takes (the body limit of that one route);
+    # each kind has its own lower cap too (services/gateway/uploads.py: images 5 MB).
+    upload_max_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
     heartbeat_s: float = 15.0
     ws_idle_timeout_s: float = 300.0  # close 1001 when the client sent nothing for this long
     client_queue_size: int = 1000  # events buffered per socket before a slow reader is closed
@@ -82,6 +85,7 @@ class OrchestratorSettings(CommonSettings):
     anthropic_base_url: str | None = Field(default=None, validation_alias="ANTHROPIC_BASE_URL")
     model: str = "claude-sonnet-5-5"
     max_tokens: int = 4096
+    planner_model: str = "claude-haiku-4-5"  # the cheap model an agent's tool planner asks
     max_steps: int = 10
     system_prompt: str = (
         "You are Signalbox, an agent working in the user's workspace. Read before you change; "
@@ -98,8 +102,13 @@ class OrchestratorSettings(CommonSettings):
     tool_policy: dict[str, Any] | None = None
     decision_ttl_s: float = 600.0  # a confirm call or ask_user question waits this long
     context_tokens: int = 150_000  # transcript budget (estimated as characters / 4)
+    # The model's context window, overriding services/orchestrator/context_window.py's table:
+    # a request that would not fit has its older turns compacted (docs/operations.md).
+    context_window_tokens: int | None = Field(default=None, ge=1000)
     tool_output_max_chars: int = 50_000  # a tool output longer than this reaches the model cut
     subagent_max_steps: int = 5  # model steps of one spawn_agent child turn
+    # Wall-clock limit of one turn (an agent may set its own): the turn then ends timed_out.
+    turn_timeout_s: float = Field(default=1800.0, gt=0)
     # Model cost (docs/operations.md, "Model cost"): the TTL of every prompt-cache breakpoint,
     # the price table (services/orchestrator/prices.toml when unset), and whether the context
     # budget asks the Messages API to count tokens ("api") or estimates them ("estimate").

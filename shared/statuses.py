@@ -12,7 +12,8 @@ from enum import StrEnum
 
 
 class TurnState(StrEnum):
-    """``turns.status``: queued → running ⇄ parked → completed | cancelled | failed | step_limit."""
+    """``turns.status``: queued → running ⇄ parked → completed | cancelled | failed | step_limit
+    | timed_out."""
 
     QUEUED = "queued"
     RUNNING = "running"
@@ -21,6 +22,7 @@ class TurnState(StrEnum):
     CANCELLED = "cancelled"
     FAILED = "failed"
     STEP_LIMIT = "step_limit"
+    TIMED_OUT = "timed_out"  # the turn's wall-clock limit passed (added)
 
 
 # A turn that may still do something: it holds the conversation's turn slot.

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+# What ``rfc3339`` writes, and so what every timestamp on the wire matches (the JSON Schema
+# of the protocol carries it; tests hold events and HTTP answers to it).
+RFC3339_PATTERN = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$"
+
 
 def rfc3339(moment: datetime) -> str:
     """``moment`` in UTC with milliseconds; a naive one (SQLite hands those back) is UTC."""

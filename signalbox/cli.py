@@ -112,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     usage.add_argument("--user", help="only this user's requests")
     usage.add_argument("--since", type=datetime.fromisoformat, help="only from this time on")
+
+    from signalbox.agents_cli import add_arguments as add_agents
+
+    add_agents(sub)
     return parser
 
 
@@ -217,6 +221,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             from signalbox.usage_cli import run_usage
 
             return run_usage(_database_url(), args.by, args.user, args.since)
+        if args.command == "agents":
+            from signalbox.agents_cli import run_agents
+            from signalbox.client import Client
+
+            def client() -> Client:
+                return Client(resolve_url(args.url), resolve_token(args.token))
+
+            return run_agents(args, _database_url, client)
     except (admin.AdminError, SettingsError, ApiError) as exc:
         print(f"signalbox: {exc}", file=sys.stderr)
         return 1

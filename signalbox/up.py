@@ -28,6 +28,7 @@ from shared.db.users import create_user, issue_token, user_for_token
 from shared.file_modes import PRIVATE_FILE_MODE, keep_new_files_private, make_private, private_dir
 from shared.settings import CommonSettings, OrchestratorSettings, load
 from signalbox.admin import migrate, safe_url, session_for
+from signalbox.agents_cli import ensure_chat_agent
 from signalbox.processes import Child, StartError
 from signalbox.redis_server import RedisServer, RedisUnavailable, find_or_start_redis
 from signalbox.stack import Stack, StackConfig
@@ -227,6 +228,8 @@ def run_up(options: UpOptions, out: TextIO = sys.stdout) -> int:
         var / "internal-token", lambda: secrets.token_urlsafe(32)
     )
     admin_token = ensure_admin_token(database_url, var / "admin-token")
+    if ensure_chat_agent(database_url):  # chat mode, one pick away (docs/operations.md)
+        print("signalbox: defined the deployment agent 'chat' (chat mode, no tools)", file=out)
 
     # SIGTERM must unwind like Ctrl-C: children run in their own sessions, so dying
     # without Stack.stop() would orphan them. SIGINT is set too because a shell starts

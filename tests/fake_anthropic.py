@@ -23,12 +23,26 @@ counted by a deterministic proxy tokenizer, ``cache_control`` breakpoints honour
 written earlier within its TTL is read: ``cache_read_input_tokens``; the part newly marked
 is written: ``cache_creation_input_tokens``; the rest is ``input_tokens``), more than four
 breakpoints refused. ``POST /v1/messages/count_tokens`` is served too (``count_requests``).
+
+Extended thinking: ``thinking(...)`` streams a ``thinking`` block (``thinking_delta`` then
+``signature_delta`` events, as the real API does), its signature an HMAC of its text under
+this process's key; ``redacted_thinking()`` a ``redacted_thinking`` block with opaque
+``data``. Like the real API, a request whose thinking blocks are altered (signature or data
+not the fake's own), out of place (not first in their message), or missing before the
+``tool_use`` that a ``tool_result`` continues when thinking is on gets HTTP 400, the problem
+kept in ``server.violations``; so does ``budget_tokens`` under 1024 or not below
+``max_tokens``. ``context_window_tokens`` (per server) makes a longer prompt a 400
+``prompt is too long: N tokens > M maximum`` (not a violation: it is what the API does).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import itertools
 import json
+import os
 import random
 import sys
 import threading
@@ -62,6 +76,21 @@ class ToolUseBlock:
 
 
 @dataclass(frozen=True)
+class Thinking:
+    """A thinking block streamed as ``chunks`` thinking deltas, then its signature."""
+
+    text: str
+    chunks: int = 3
+
+
+@dataclass(frozen=True)
+class RedactedThinking:
+    """A redacted_thinking block: opaque ``data`` only the fake can verify."""
+
+    nonce: str
+
+
+@dataclass(frozen=True)
 class StreamError:
     """An SSE ``error`` event at this point of the stream; the stream then ends."""
 
@@ -92,13 +121,14 @@ class HttpError:
 class Reply:
     """One streamed response: its blocks, stop reason and usage."""
 
-    items: tuple[Text | ToolUseBlock | StreamError | Stall, ...]
+    items: tuple[Text | ToolUseBlock | StreamError | Stall | Thinking | RedactedThinking, ...]
     stop_reason: str | None = None
     input_tokens: int | None = None  # None: as counted and cached from the request
     output_tokens: int = 7
 
 
-Scripted = Reply | HttpError | Sequence[Text | ToolUseBlock | StreamError | Stall]
+Item = Text | ToolUseBlock | StreamError | Stall | Thinking | RedactedThinking
+Scripted = Reply | HttpError | Sequence[Item]
 
 _ids = iter(range(1, 1_000_000))
 
@@ -118,6 +148,28 @@ def tool_use(
     return ToolUseBlock(
         name, input, id or f"toolu_fake{next(_ids):04d}", tuple(splits) if splits else None
     )
+
+
+_SIGNING_KEY = os.urandom(16)  # this process's: a signature the fake did not make fails
+
+
+def sign(value: str) -> str:
+    """The fake's signature of a thinking block's text (or of a redacted block's nonce)."""
+    return hmac.new(_SIGNING_KEY, value.encode(), hashlib.sha256).hexdigest()
+
+
+def thinking(value: str, chunks: int = 3) -> Thinking:
+    """A thinking block, streamed as ``chunks`` deltas and then signed."""
+    return Thinking(value, chunks)
+
+
+def redacted_thinking() -> RedactedThinking:
+    """A redacted_thinking block."""
+    return RedactedThinking(f"nonce{next(_ids):04d}")
+
+
+def _redacted_data(nonce: str) -> str:
+    return f"{nonce}.{sign('redacted:' + nonce)}"
 
 
 def stream_error(type: str = "overloaded_error", message: str = "Overloaded") -> StreamError:
@@ -141,7 +193,7 @@ def http_error(
 
 
 def reply(
-    *items: Text | ToolUseBlock | StreamError | Stall,
+    *items: Item,
     stop_reason: str | None = None,
     input_tokens: int | None = None,
     output_tokens: int = 7,
@@ -188,6 +240,155 @@ def transcript_problems(messages: list[dict[str, Any]]) -> list[str]:
                 if nxt is None or sorted(answered) != sorted(uses):
                     problems.append(f"message {i}: tool_use {uses} not answered, got {answered}")
     return problems
+
+
+THINKING_TYPES = ("thinking", "redacted_thinking")
+MIN_THINKING_BUDGET = 1024
+
+
+def thinking_problems(body: dict[str, Any]) -> list[str]:
+    """What the real API would refuse about thinking: blocks altered, out of place, or
+    missing where tool use continues with thinking on, and a bad ``thinking`` budget."""
+    problems: list[str] = []
+    config = body.get("thinking")
+    enabled = isinstance(config, dict) and config.get("type") == "enabled"
+    if enabled:
+        assert isinstance(config, dict)
+        budget = config.get("budget_tokens")
+        if not isinstance(budget, int) or budget < MIN_THINKING_BUDGET:
+            problems.append(f"thinking.budget_tokens: must be >= {MIN_THINKING_BUDGET}")
+        elif int(body.get("max_tokens") or 0) <= budget:
+            problems.append("`max_tokens` must be greater than `thinking.budget_tokens`")
+    messages = body.get("messages") or []
+    for i, msg in enumerate(messages):
+        content = msg.get("content")
+        if msg.get("role") != "assistant" or not isinstance(content, list):
+            continue
+        seen_other = False
+        for block in content:
+            kind = block.get("type")
+            if kind not in THINKING_TYPES:
+                seen_other = True
+                continue
+            if seen_other:
+                problems.append(f"message {i}: a {kind} block must come before other blocks")
+            if kind == "thinking":
+                extra = set(block) - {"type", "thinking", "signature", "cache_control"}
+                if extra or block.get("signature") != sign(str(block.get("thinking"))):
+                    problems.append(f"message {i}: Invalid `signature` in `thinking` block")
+            else:
+                nonce, _, _mac = str(block.get("data")).partition(".")
+                if block.get("data") != _redacted_data(nonce):
+                    problems.append(f"message {i}: Invalid `data` in `redacted_thinking` block")
+    last = next(
+        (i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"),
+        None,
+    )
+    if enabled and last is not None:
+        content = messages[last].get("content")
+        blocks = content if isinstance(content, list) else []
+        continued = any(b.get("type") == "tool_use" for b in blocks) and last < len(messages) - 1
+        if continued and (not blocks or blocks[0].get("type") not in THINKING_TYPES):
+            first = blocks[0].get("type") if blocks else None
+            problems.append(
+                f"message {last}: Expected `thinking` or `redacted_thinking`, but found "
+                f"{first!r}. When `thinking` is enabled, a final `assistant` message must "
+                "start with a thinking block"
+            )
+    return problems
+
+
+# --- the attachment blocks the real API checks (image, document) -------------------------
+
+_IMAGE_MAGIC = {
+    "image/png": (b"\x89PNG\r\n\x1a\n",),
+    "image/jpeg": (b"\xff\xd8\xff",),
+    "image/gif": (b"GIF87a", b"GIF89a"),
+    "image/webp": (b"RIFF",),
+}
+IMAGE_MAX_BYTES = 5 * 1024 * 1024
+
+
+def _decoded(data: Any) -> bytes | None:
+    if not isinstance(data, str):
+        return None
+    try:
+        return base64.b64decode(data, validate=True)
+    except ValueError:
+        return None
+
+
+def _image_problem(where: str, source: dict[str, Any]) -> str | None:
+    media_type = source.get("media_type")
+    if media_type not in _IMAGE_MAGIC:
+        return f"{where}.source.media_type: Input should be {sorted(_IMAGE_MAGIC)}"
+    raw = _decoded(source.get("data"))
+    if raw is None:
+        return f"{where}.source.base64.data: invalid base64 data"
+    if len(raw) > IMAGE_MAX_BYTES:
+        return f"{where}.source.base64: image exceeds 5 MB maximum"
+    if not raw.startswith(_IMAGE_MAGIC[media_type]):
+        return f"{where}: Image does not match the provided media type {media_type}"
+    return None
+
+
+def _document_problem(where: str, block: dict[str, Any], source: dict[str, Any]) -> str | None:
+    title = block.get("title")
+    if title is not None and not isinstance(title, str):
+        return f"{where}.title: Input should be a valid string"
+    if source.get("type") == "text":
+        if source.get("media_type") != "text/plain" or not isinstance(source.get("data"), str):
+            return f"{where}.source.text: media_type 'text/plain' and a string data expected"
+        return None
+    if source.get("media_type") != "application/pdf":
+        return f"{where}.source.base64.media_type: Input should be 'application/pdf'"
+    raw = _decoded(source.get("data"))
+    if raw is None:
+        return f"{where}.source.base64.data: invalid base64 data"
+    if not raw.startswith(b"%PDF-"):
+        return f"{where}: The PDF specified was not valid."
+    return None
+
+
+def attachment_problems(messages: list[dict[str, Any]]) -> list[str]:
+    """What the real API would refuse in the ``image``/``document`` blocks of ``messages``."""
+    problems: list[str] = []
+    for i, msg in enumerate(messages):
+        content = msg.get("content")
+        for j, block in enumerate(content if isinstance(content, list) else []):
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind not in ("image", "document"):
+                continue
+            where = f"messages.{i}.content.{j}.{kind}"
+            if msg.get("role") != "user":
+                problems.append(f"{where}: only a user message may carry {kind} blocks")
+                continue
+            source = block.get("source")
+            if not isinstance(source, dict) or source.get("type") not in ("base64", "text"):
+                problems.append(f"{where}.source: a base64 (or, for a document, text) source")
+                continue
+            if kind == "image" and source.get("type") != "base64":
+                problems.append(f"{where}.source: an image takes a base64 source")
+                continue
+            found = (
+                _image_problem(where, source)
+                if kind == "image"
+                else _document_problem(where, block, source)
+            )
+            if found is not None:
+                problems.append(found)
+    return problems
+
+
+def attachment_blocks(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``image`` and ``document`` blocks a request carried, in order (for assertions)."""
+    return [
+        block
+        for msg in body.get("messages") or []
+        if isinstance(msg.get("content"), list)
+        for block in msg["content"]
+        if isinstance(block, dict) and block.get("type") in ("image", "document")
+    ]
 
 
 # --- the server -------------------------------------------------------------------------
@@ -255,6 +456,16 @@ def sse_events(
             deltas = [
                 {"type": "text_delta", "text": part} for part in _split(block.text, block.chunks)
             ]
+        elif isinstance(block, Thinking):
+            start = {"type": "thinking", "thinking": "", "signature": ""}
+            deltas = [
+                {"type": "thinking_delta", "thinking": part}
+                for part in _split(block.text, block.chunks)
+            ]
+            deltas.append({"type": "signature_delta", "signature": sign(block.text)})
+        elif isinstance(block, RedactedThinking):
+            start = {"type": "redacted_thinking", "data": _redacted_data(block.nonce)}
+            deltas = []
         else:
             start = {"type": "tool_use", "id": block.id, "name": block.name, "input": {}}
             raw = json.dumps(block.input)
@@ -320,6 +531,9 @@ class FakeAnthropic:
     violations: list[str] = field(default_factory=list)
     cache: PromptCache = field(default_factory=PromptCache)
     serve_count_tokens: bool = True  # False: 404, as from a proxy without the endpoint
+    # The model's context window: a longer prompt is a 400 "prompt is too long" (None: none).
+    context_window_tokens: int | None = None
+    too_long: int = 0  # requests refused as too long
     _queue: list[Scripted] = field(default_factory=list)
     _by_marker: dict[str, list[Scripted]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -418,6 +632,8 @@ class FakeAnthropic:
                     return
                 item, record = fake._next(body, self.path, headers, self.client_address[:2])
                 problems = transcript_problems(body.get("messages") or [])
+                problems += attachment_problems(body.get("messages") or [])
+                problems += thinking_problems(body)
                 marked = breakpoints(body)
                 if marked > MAX_BREAKPOINTS:
                     problems.append(
@@ -427,6 +643,16 @@ class FakeAnthropic:
                 if problems:
                     fake.violations.extend(problems)
                     self._error(400, "invalid_request_error", "; ".join(problems))
+                    return
+                window = fake.context_window_tokens
+                prompt_tokens = count_tokens(body)
+                if window is not None and prompt_tokens > window:
+                    with fake._lock:
+                        fake.too_long += 1
+                        if item is not None:  # the script entry stays for the next request
+                            fake._queue.insert(0, item)
+                    message = f"prompt is too long: {prompt_tokens} tokens > {window} maximum"
+                    self._error(400, "invalid_request_error", message)
                     return
                 if item is None:
                     self._error(400, "invalid_request_error", "fake: no scripted response left")

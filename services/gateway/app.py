@@ -24,6 +24,7 @@ from services.gateway import redaction, ws
 from services.gateway.errors import GatewayError
 from services.gateway.routes import (
     activity,
+    agents,
     conversation_admin,
     conversations,
     files,
@@ -34,6 +35,7 @@ from services.gateway.routes import (
     tickets,
     turns,
     ui,
+    uploads,
     usage,
     workspaces,
 )
@@ -86,6 +88,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         ws.router,
         ui.router,
         usage.router,
+        uploads.router,
+        agents.router,
     ):
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=ui.STATIC_DIR), name="static")
@@ -93,6 +97,9 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         BodyLimit,
         max_bytes=settings.http_max_body_bytes,
         setting="SIGNALBOX_HTTP_MAX_BODY_BYTES",
+        paths={
+            uploads.UPLOAD_PATH: (settings.upload_max_bytes, "SIGNALBOX_UPLOAD_MAX_BYTES"),
+        },
     )
     return app
 

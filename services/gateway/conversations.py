@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from services.gateway.agents import bind_agent
 from services.gateway.errors import NotFound
 from services.gateway.ownership import owned_conversation
 from services.gateway.state import Gateway
@@ -32,13 +33,16 @@ def conversation_json(conversation: Conversation) -> dict[str, Any]:
         "workspace": conversation.workspace,
         "title": conversation.title,
         "created_at": _iso(conversation.created_at),
+        "agent": conversation.agent_name,
+        "agent_version": conversation.agent_version,
     }
 
 
 def create_conversation(
-    session: Session, user_id: str, workspace: str | None, title: str
+    session: Session, user_id: str, workspace: str | None, title: str, agent: str | None = None
 ) -> Conversation:
-    """A new conversation in ``workspace`` (None: the user's selected one)."""
+    """A new conversation in ``workspace`` (None: the user's selected one), bound to the
+    newest version of ``agent`` (None: the deployment's default agent)."""
     if workspace is None:
         user = session.get(User, user_id)
         if user is None:
@@ -48,6 +52,8 @@ def create_conversation(
     conversation = Conversation(
         id=new_id("conv"), user_id=user_id, workspace=workspace, title=title[:200]
     )
+    if agent is not None:
+        bind_agent(session, user_id, conversation, agent)
     session.add(conversation)
     session.flush()
     return conversation
@@ -58,19 +64,18 @@ async def announce_conversation(gateway: Gateway, conversation: Conversation) ->
     make_workspace_dir(
         gateway.settings.workspaces_root, conversation.user_id, conversation.workspace
     )
-    await gateway.events.append(
-        conversation.id,
-        "conversation_created",
-        {"workspace": conversation.workspace, "title": conversation.title},
-    )
+    data: dict[str, Any] = {"workspace": conversation.workspace, "title": conversation.title}
+    if conversation.agent_name is not None:  # bound to an agent, not the default
+        data.update(agent=conversation.agent_name, agent_version=conversation.agent_version)
+    await gateway.events.append(conversation.id, "conversation_created", data)
 
 
 async def start_conversation(
-    gateway: Gateway, user_id: str, workspace: str | None, title: str
+    gateway: Gateway, user_id: str, workspace: str | None, title: str, agent: str | None = None
 ) -> Conversation:
     """Create a conversation, its workspace directory, and its ``conversation_created`` event."""
     conversation = await gateway.db(
-        lambda session: create_conversation(session, user_id, workspace, title)
+        lambda session: create_conversation(session, user_id, workspace, title, agent)
     )
     await announce_conversation(gateway, conversation)
     return conversation

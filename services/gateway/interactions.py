@@ -16,7 +16,7 @@ from services.gateway.ownership import owned_tool_call
 from services.gateway.state import Gateway
 from shared.auth import hash_token, same_secret
 from shared.db import ToolCall
-from shared.events import OUTPUT_PREVIEW_BYTES
+from shared.events import tool_call_finished
 from shared.statuses import CallState, Executor
 
 ASK_USER = "ask_user"  # the orchestrator's built-in question tool
@@ -111,20 +111,17 @@ async def client_tool_result(
         return turn.id, turn.conversation_id, call.tool, _duration_ms(call, now)
 
     turn_id, conversation_id, tool, duration_ms = await gateway.db(record)
-    preview = output.encode()[:OUTPUT_PREVIEW_BYTES].decode(errors="ignore")
+    finished = tool_call_finished(
+        call_id,
+        tool,
+        CallState.ERROR if is_error else CallState.OK,
+        output,
+        "the client reported an error" if is_error else None,
+        duration_ms,
+        waited_ms=0,  # a client tool needs no decision
+    )
     await gateway.events.append(
-        conversation_id,
-        "tool_call_finished",
-        {
-            "call_id": call_id,
-            "tool": tool,
-            "status": CallState.ERROR if is_error else CallState.OK,
-            "output": preview,
-            "error": "the client reported an error" if is_error else None,
-            "duration_ms": duration_ms,
-            "waited_ms": 0,  # a client tool needs no decision
-        },
-        turn_id,
+        conversation_id, "tool_call_finished", finished.model_dump(mode="json"), turn_id
     )
     await gateway.enqueue_turn(turn_id)
     return {"call_id": call_id, "turn_id": turn_id}

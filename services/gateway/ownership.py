@@ -9,8 +9,9 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.gateway.errors import NotFound
+from services.gateway.errors import Conflict, NotFound
 from shared.db import Conversation, ToolCall, Turn
+from shared.db.agents import FoundAgent, find_agent, find_in_scope
 
 
 def owned_conversation(session: Session, user_id: str, conversation_id: str) -> Conversation:
@@ -39,3 +40,25 @@ def owned_tool_call(session: Session, user_id: str, call_id: str) -> tuple[ToolC
     if row is None:
         raise NotFound(f"tool call {call_id!r} not found")
     return row[0], row[1]
+
+
+def visible_agent(session: Session, user_id: str, name: str) -> FoundAgent:
+    """The agent ``name`` as ``user_id`` sees it (their own, else the deployment's), else
+    ``NotFound``: another user's agent is never visible."""
+    found = find_agent(session, user_id, name)
+    if found is None:
+        raise NotFound(f"agent {name!r} not found")
+    return found
+
+
+def owned_agent(session: Session, user_id: str, name: str) -> FoundAgent:
+    """``user_id``'s own agent ``name`` to change; a deployment agent is read-only here."""
+    found = find_in_scope(session, user_id, name)
+    if found is not None:
+        return found
+    if find_in_scope(session, None, name) is not None:
+        raise Conflict(
+            f"agent {name!r} is deployment-wide: read-only over the API (an operator changes "
+            "it with `signalbox agents edit --deployment`)"
+        )
+    raise NotFound(f"agent {name!r} not found")

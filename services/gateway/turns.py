@@ -8,19 +8,22 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from services.gateway.agents import bind_agent, check_bound_agent
 from services.gateway.conversations import TITLE_CHARS, announce_conversation, create_conversation
 from services.gateway.errors import Conflict, TurnBusy, Unavailable
 from services.gateway.ownership import owned_conversation, owned_turn
 from services.gateway.state import Gateway
+from services.gateway.uploads import owned_attachments
 from shared.db import Conversation, Turn, User
 from shared.db.concurrency import lock_row
+from shared.events import Attachment
 from shared.ids import new_id
 from shared.protocol import ClientToolSpec
 from shared.statuses import UNFINISHED_TURNS, TurnState
@@ -65,6 +68,7 @@ def _insert_turn(
     client_turn_id: str | None,
     client_tools: list[dict[str, Any]] | None,
     busy_policy: str,
+    agent: str | None = None,
 ) -> _Inserted:
     conversation = owned_conversation(session, user_id, conversation_id)
     # Concurrent submissions get distinct seqs and one client_turn_id makes one turn.
@@ -79,6 +83,14 @@ def _insert_turn(
             return _Inserted(existing, created=False)
     if conversation.archived_at is not None:
         raise Conflict(f"conversation {conversation.id!r} is archived: it takes no new turns")
+    if agent is not None:
+        started = session.scalar(
+            select(func.count()).select_from(Turn).where(Turn.conversation_id == conversation.id)
+        )
+        if not started and conversation.agent_version_id is None:
+            bind_agent(session, user_id, conversation, agent)  # its first turn: it starts now
+        else:
+            check_bound_agent(conversation, agent)
     unfinished = session.scalars(
         select(Turn).where(
             Turn.conversation_id == conversation.id,
@@ -106,6 +118,7 @@ def _insert_first_turn(
     text: str,
     client_turn_id: str | None,
     client_tools: list[dict[str, Any]] | None,
+    agent: str | None = None,
 ) -> _Inserted:
     """A new conversation and its first turn, in one transaction.
 
@@ -118,7 +131,7 @@ def _insert_first_turn(
         existing = _existing_turn(session, user_id, client_turn_id)
         if existing is not None:
             return _Inserted(existing, created=False)
-    conversation = create_conversation(session, user_id, workspace, text[:TITLE_CHARS])
+    conversation = create_conversation(session, user_id, workspace, text[:TITLE_CHARS], agent)
     turn = _add_turn(session, user_id, conversation.id, text, client_turn_id, client_tools)
     return _Inserted(turn, created=True, conversation=conversation)
 
@@ -149,6 +162,25 @@ def _add_turn(
     return turn
 
 
+async def _stored(
+    gateway: Gateway,
+    user_id: str,
+    upload_ids: Sequence[str] | None,
+    insert: Callable[[Session], _Inserted],
+) -> tuple[_Inserted, list[Attachment]]:
+    """Run ``insert`` in one transaction after checking the turn's attachments are the
+    user's own uploads (``NotFound`` otherwise: no turn is stored); a new turn keeps them."""
+
+    def run(session: Session) -> tuple[_Inserted, list[Attachment]]:
+        attached = owned_attachments(session, user_id, upload_ids)
+        inserted = insert(session)
+        if inserted.created and attached:
+            inserted.turn.attachments = [a.upload_id for a in attached]
+        return inserted, attached
+
+    return await gateway.db(run)
+
+
 def client_tools_json(specs: Sequence[ClientToolSpec] | None) -> list[dict[str, Any]] | None:
     """Declared client tools (frame or HTTP) as the turn stores them; None when there are none."""
     return [spec.model_dump(mode="json") for spec in specs] if specs else None
@@ -163,18 +195,38 @@ async def submit_turn(
     client_turn_id: str | None = None,
     workspace: str | None = None,
     client_tools: list[dict[str, Any]] | None = None,
+    agent: str | None = None,
+    attachments: Sequence[str] | None = None,
 ) -> SubmittedTurn:
-    """Store a turn, announce it, enqueue it; a new conversation if ``conversation_id`` is None."""
+    """Store a turn, announce it, enqueue it; a new conversation if ``conversation_id`` is None.
+
+    ``agent``: the agent a new conversation is bound to; on a started one it must name the
+    agent it is bound to (else ``Conflict``, nothing stored)."""
     if conversation_id is None:
-        inserted = await gateway.db(
-            lambda s: _insert_first_turn(s, user_id, workspace, text, client_turn_id, client_tools)
+        inserted, attached = await _stored(
+            gateway,
+            user_id,
+            attachments,
+            lambda s: _insert_first_turn(
+                s, user_id, workspace, text, client_turn_id, client_tools, agent
+            ),
         )
     else:
         cid = conversation_id
-        inserted = await gateway.db(
+        inserted, attached = await _stored(
+            gateway,
+            user_id,
+            attachments,
             lambda s: _insert_turn(
-                s, user_id, cid, text, client_turn_id, client_tools, gateway.settings.busy_policy
-            )
+                s,
+                user_id,
+                cid,
+                text,
+                client_turn_id,
+                client_tools,
+                gateway.settings.busy_policy,
+                agent,
+            ),
         )
     turn = inserted.turn
     conv_id = turn.conversation_id
@@ -184,9 +236,10 @@ async def submit_turn(
         await announce_conversation(gateway, inserted.conversation)
     for earlier in inserted.interrupted:
         await publish_cancel(gateway, earlier)
-    event_id = await gateway.events.append(
-        conv_id, "turn_queued", {"text": text, "client_turn_id": client_turn_id}, turn.id
-    )
+    queued: dict[str, Any] = {"text": text, "client_turn_id": client_turn_id}
+    if attached:
+        queued["attachments"] = [a.model_dump(mode="json") for a in attached]
+    event_id = await gateway.events.append(conv_id, "turn_queued", queued, turn.id)
     try:
         await gateway.enqueue_turn(turn.id)
     except Exception as exc:

@@ -329,6 +329,8 @@ class WsSession:
             client_turn_id=frame.client_turn_id,
             workspace=frame.workspace,
             client_tools=turns.client_tools_json(frame.client_tools),
+            agent=frame.agent,
+            attachments=frame.attachments,
         )
         ack = Ack(
             req=frame.req, conversation_id=submitted.conversation_id, turn_id=submitted.turn_id

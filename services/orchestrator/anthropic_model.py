@@ -4,6 +4,10 @@ HTTP-level failures (429, 5xx, 529, connection errors before the stream starts) 
 by the SDK itself (``max_retries``, honouring ``retry-after``). A stream that breaks after it
 started (an SSE ``error`` event such as ``overloaded_error``, a dropped connection) is retried
 here, as a whole step, up to ``STEP_RETRIES`` times; the loop is told with ``StepRetry``.
+
+The raw event stream is read through the SDK's own ``MessageStream``, which accumulates the
+message: a finished ``thinking`` block (text and signature) or ``redacted_thinking`` block is
+taken from it as the SDK assembled it, so it goes back to the API byte for byte.
 """
 
 from __future__ import annotations
@@ -17,15 +21,20 @@ from typing import Any, cast
 
 import anthropic
 import httpx2
+from anthropic import NOT_GIVEN
+from anthropic.lib.streaming import MessageStream
 
 from services.orchestrator import prompt_cache
 from services.orchestrator.model import (
     ModelError,
     ModelEvent,
     ModelRequest,
+    PromptTooLong,
     StepEnd,
     StepRetry,
     TextDelta,
+    ThinkingBlock,
+    ThinkingDelta,
     ToolUse,
 )
 
@@ -35,6 +44,8 @@ SDK_MAX_RETRIES = 4  # HTTP 429/5xx/529 before a stream starts; the SDK backs of
 STEP_RETRIES = 2  # a stream that broke mid-way is started again at most this many times
 STEP_RETRY_BACKOFF_S = 1.0  # times the attempt number; an overloaded API needs a moment
 REQUEST_TIMEOUT_S = 600.0  # one streamed step; long answers stream for minutes
+THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+PROMPT_TOO_LONG = "prompt is too long"  # the API's 400 message past the context window
 
 
 def unset_if_empty(value: str | None) -> str | None:
@@ -44,6 +55,10 @@ def unset_if_empty(value: str | None) -> str | None:
 
 class _BrokenStream(Exception):
     """The stream failed after it started; the step may be retried."""
+
+    def __init__(self, message: str, billed: StepEnd | None = None) -> None:
+        super().__init__(message)
+        self.billed = billed  # what the attempt reported before it broke
 
 
 @dataclass
@@ -99,7 +114,16 @@ class AnthropicModel:
                         f"model stream failed {attempt} times, last: {exc}"
                     ) from exc.__cause__
                 log.warning("model stream broke (%s); retrying the step, attempt %d", exc, attempt)
-                yield StepRetry(attempt=attempt, error=str(exc))
+                billed = exc.billed or StepEnd(None, 0, 0)
+                yield StepRetry(
+                    attempt,
+                    str(exc),
+                    billed.input_tokens,
+                    billed.output_tokens,
+                    billed.cache_creation_input_tokens,
+                    billed.cache_read_input_tokens,
+                    billed.model,
+                )
                 if self._retry_backoff_s > 0:
                     time.sleep(self._retry_backoff_s * attempt)
 
@@ -120,10 +144,18 @@ class AnthropicModel:
             kwargs["system"] = prompt.system
         if prompt.tools:
             kwargs["tools"] = prompt.tools
+        if request.thinking_budget_tokens is not None:
+            kwargs["thinking"] = {
+                "type": "enabled",
+                "budget_tokens": request.thinking_budget_tokens,
+            }
         try:
-            return self.client.messages.create(**kwargs)
+            return MessageStream(self.client.messages.create(**kwargs), output_format=NOT_GIVEN)
         except anthropic.APIStatusError as exc:
-            raise ModelError(f"model API answered {exc.status_code}: {exc.message}") from exc
+            why = f"model API answered {exc.status_code}: {exc.message}"
+            if exc.status_code == 400 and PROMPT_TOO_LONG in str(exc.message):
+                raise PromptTooLong(why) from exc
+            raise ModelError(why) from exc
         except anthropic.APIError as exc:
             raise ModelError(f"model API unreachable: {exc}") from exc
 
@@ -134,6 +166,12 @@ class AnthropicModel:
         answered_by = ""
         stop_reason: str | None = None
         stopped = False
+
+        def billed() -> StepEnd:
+            return StepEnd(
+                None, input_tokens, output_tokens, cache_written, cache_read, answered_by
+            )
+
         try:
             with stream:
                 for event in stream:
@@ -155,12 +193,17 @@ class AnthropicModel:
                         delta = event.delta
                         if delta.type == "text_delta":
                             yield TextDelta(delta.text)
+                        elif delta.type == "thinking_delta":
+                            yield ThinkingDelta(delta.thinking)
                         elif delta.type == "input_json_delta" and event.index in blocks:
                             blocks[event.index].json_parts.append(delta.partial_json)
                     elif kind == "content_block_stop":
                         done = blocks.get(event.index)
                         if done is not None and done.kind == "tool_use":
                             yield ToolUse(done.tool_id, done.tool_name, _tool_input(done))
+                        elif done is not None and done.kind in THINKING_BLOCKS:
+                            # As the SDK accumulated it: thinking and signature, or data.
+                            yield ThinkingBlock(event.content_block.to_dict())
                     elif kind == "message_delta":
                         stop_reason = event.delta.stop_reason or stop_reason
                         if event.usage.input_tokens is not None:
@@ -178,12 +221,14 @@ class AnthropicModel:
                         stopped = True
         except anthropic.APIError as exc:
             if not stopped:
-                raise _BrokenStream(_describe(exc)) from exc
+                raise _BrokenStream(_describe(exc), billed()) from exc
         except httpx2.HTTPError as exc:
             if not stopped:
-                raise _BrokenStream(f"connection broke mid-stream: {exc!r}") from exc
+                raise _BrokenStream(f"connection broke mid-stream: {exc!r}", billed()) from exc
+        except ValueError as exc:  # the SDK could not parse a tool_use's JSON input
+            raise ModelError(f"the model's answer could not be read: {exc}") from exc
         if not stopped:
-            raise _BrokenStream("stream ended without message_stop")
+            raise _BrokenStream("stream ended without message_stop", billed())
         yield StepEnd(
             stop_reason, input_tokens, output_tokens, cache_written, cache_read, answered_by
         )

@@ -14,19 +14,77 @@ The stored transcript is never changed; this shapes one request.
 
 from __future__ import annotations
 
+import base64
 import copy
+import functools
 import json
+import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 CHARS_PER_TOKEN = 4
 SHORTENED_KEEP_CHARS = 200  # what is left of an output shortened for the budget
+# An attachment costs what the model reads of it, not its base64 length: an image is
+# scaled to at most ~1.15 megapixels, (width x height) / 750 = ~1,600 tokens at most; a
+# PDF page is sent as its text and as an image of the page, ~3,000 tokens at most.
+IMAGE_TOKENS = 1_600
+PDF_PAGE_TOKENS = 3_000
+_PDF_PAGE = re.compile(rb"/Type\s*/Page(?![A-Za-z])")
 
 
 def estimate_tokens(value: Any) -> int:
-    """Rough token count of anything JSON-serialisable (characters / 4)."""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    """Rough token count of anything JSON-serialisable (characters / 4; an attachment
+    block by ``attachment_tokens``)."""
+    if isinstance(value, str):
+        return (len(value) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+    fixed = attachment_tokens(value)
+    if fixed is not None:
+        return fixed
+    if isinstance(value, list | dict) and _holds_attachment(value):
+        items = value.values() if isinstance(value, dict) else value
+        keys = estimate_tokens(list(value)) if isinstance(value, dict) else 0
+        return keys + sum(estimate_tokens(item) for item in items)
+    text = json.dumps(value, ensure_ascii=False, default=str)
     return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+
+
+def attachment_tokens(block: Any) -> int | None:
+    """The tokens of an ``image`` or ``document`` block (an attachment), else None."""
+    if not isinstance(block, dict) or block.get("type") not in ("image", "document"):
+        return None
+    source = block.get("source")
+    if block["type"] == "image" or not isinstance(source, dict):
+        return IMAGE_TOKENS
+    data = source.get("data")
+    if not isinstance(data, str):
+        return IMAGE_TOKENS
+    if source.get("type") == "text":
+        return estimate_tokens(data)
+    return PDF_PAGE_TOKENS * _pdf_pages(data)
+
+
+@functools.lru_cache(maxsize=64)
+def _pdf_pages(data: str) -> int:
+    """The pages of a base64 PDF, counted by their ``/Type /Page`` objects (at least 1)."""
+    try:
+        raw = base64.b64decode(data, validate=False)
+    except ValueError:
+        return 1
+    return max(1, len(_PDF_PAGE.findall(raw)))
+
+
+def _holds_attachment(value: Any) -> bool:
+    """Whether a message list, message or content list holds an attachment block."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            if attachment_tokens(item) is not None:
+                return True
+            pending.extend(v for v in item.values() if isinstance(v, list | dict))
+        elif isinstance(item, list):
+            pending.extend(v for v in item if isinstance(v, list | dict))
+    return False
 
 
 def _cut(text: str, keep: int, why: str) -> str:

@@ -7,6 +7,7 @@ tools one step at a time, and summarises the results. Every step's text starts w
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterator
@@ -20,6 +21,8 @@ from services.orchestrator.model import (
     ModelRequest,
     StepEnd,
     TextDelta,
+    ThinkingBlock,
+    ThinkingDelta,
     ToolUse,
 )
 
@@ -119,6 +122,26 @@ def _result_text(block: dict[str, Any]) -> str:
     return str(content or "")
 
 
+def chat_reply(text: str) -> str:
+    """The answer of a chat-mode agent (no tools offered): text alone, streamed as usual."""
+    quoted = " ".join(text.split())[:200]
+    return (
+        f"Chat mode: no tools are offered, so I only answer in text. You said: {quoted!r}. "
+        "Pick an agent in `agent` mode to let me look around or change files."
+    )
+
+
+def _thinking(text: str, calls: int) -> Iterator[ModelEvent]:
+    """A short, honest thinking block: what the demo's plan makes of the request."""
+    thought = f"(demo thinking) The user wrote {text[:60]!r}. " + (
+        f"I will call {calls} tool(s) next." if calls else "Time to summarise."
+    )
+    for chunk in re.findall(r"\S+\s*", thought):
+        yield ThinkingDelta(chunk)
+    signature = "demo-" + hashlib.sha256(thought.encode()).hexdigest()[:32]
+    yield ThinkingBlock({"type": "thinking", "thinking": thought, "signature": signature})
+
+
 class DemoModel:
     """``Model`` that needs no network: deterministic, clearly labelled, tool-driven. Its
     usage is reported as the API would, prompt cache included (``demo_cache.py``)."""
@@ -137,7 +160,7 @@ class DemoModel:
         start, text = _last_user_text(request.messages)
         since = request.messages[start + 1 :] if start >= 0 else []
         offered = {t.name for t in request.tools}
-        actions = plan(text)
+        actions = plan(text) if request.tools else []  # chat mode offers no tools
         runnable = [a for a in actions if all(name in offered for name, _ in a.calls)]
         missing = [a for a in actions if a not in runnable]
         tool_steps = sum(
@@ -153,9 +176,14 @@ class DemoModel:
                 ToolUse(f"toolu_demo_{len(request.messages)}_{i}", name, dict(args))
                 for i, (name, args) in enumerate(action.calls)
             ]
+        elif not request.tools:
+            say = DEMO_LABEL + chat_reply(text)
+            calls = []
         else:
             say = DEMO_LABEL + self._summary(request.messages, since, actions, missing)
             calls = []
+        if request.thinking_budget_tokens is not None:  # the agent thinks: show it
+            yield from _thinking(text, len(calls))
         for chunk in re.findall(r"\S+\s*", say) or [say]:
             yield TextDelta(chunk)
         yield from calls

@@ -29,6 +29,9 @@ class ModelRequest:
     tools: list[ToolDef] = field(default_factory=list)
     max_tokens: int = 4096
     model: str = ""
+    # Extended thinking: the tokens the model may think with (None: no thinking asked for).
+    # ``max_tokens`` must exceed it; ``model_step.request`` sees to that.
+    thinking_budget_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,21 @@ class TextDelta:
     """A piece of the step's text, as it streams."""
 
     text: str
+
+
+@dataclass(frozen=True)
+class ThinkingDelta:
+    """A piece of the step's thinking, as it streams (extended thinking)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ThinkingBlock:
+    """One complete ``thinking`` (with its ``signature``) or ``redacted_thinking`` block,
+    exactly as the API sent it: it goes back unchanged, or tool use cannot continue."""
+
+    block: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -65,13 +83,24 @@ class StepRetry:
 
     attempt: int
     error: str
+    # What the broken attempt was billed, as far as its stream told (usage by purpose).
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    model: str = ""
 
 
-ModelEvent = TextDelta | ToolUse | StepEnd | StepRetry
+ModelEvent = TextDelta | ThinkingDelta | ThinkingBlock | ToolUse | StepEnd | StepRetry
 
 
 class ModelError(Exception):
     """The model could not produce a step (after the retries it is allowed)."""
+
+
+class PromptTooLong(ModelError):
+    """The API refused the request as longer than the model's context window (a 400
+    ``prompt is too long``): the step may compact harder and try once more."""
 
 
 class Model(Protocol):

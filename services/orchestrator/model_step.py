@@ -12,15 +12,18 @@ the state machine's next move (``turn_runner.py``).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
-from services.orchestrator import store, usage
+from services.orchestrator import compaction, planner, store, usage
+from services.orchestrator.agent_tools import agent_offers, cap_sub_agents
 from services.orchestrator.approvals import Stamp
 from services.orchestrator.builtin_tools import (
     ASK_USER,
@@ -33,16 +36,21 @@ from services.orchestrator.builtin_tools import (
     input_problem,
 )
 from services.orchestrator.context_budget import blocks, estimate_tokens, fit
+from services.orchestrator.context_window import input_budget, window_tokens
 from services.orchestrator.model import (
     ModelError,
+    ModelEvent,
     ModelRequest,
+    PromptTooLong,
     StepEnd,
     StepRetry,
     TextDelta,
+    ThinkingBlock,
+    ThinkingDelta,
     ToolDef,
     ToolUse,
 )
-from services.orchestrator.policy import Decision
+from services.orchestrator.policy import Decision, with_agent
 from services.orchestrator.store import CLIENT, INLINE, SERVER, PlannedCall
 from services.orchestrator.text_deltas import DeltaBuffer
 from services.orchestrator.transcript import (
@@ -51,7 +59,8 @@ from services.orchestrator.transcript import (
     load_messages,
     load_proposal_notes,
 )
-from shared.db.models import as_utc
+from shared.agents import AgentSpec
+from shared.timestamps import rfc3339
 from shared.tool_contract import ApprovalMode
 
 if TYPE_CHECKING:
@@ -105,7 +114,13 @@ def proposal_notes(runner: TurnRunner, session: Session) -> ProposalNotes:
 
 
 def offers(runner: TurnRunner) -> dict[str, Offer]:
-    """What the model may call this step: the live catalogue (read-only tools alone for a
+    """What the model may call this step: what the deployment offers, as the turn's agent
+    may see it (``agent_tools.py``), narrowed to its planner's choice (``planner.py``)."""
+    return planner.selected(runner, agent_offers(runner.agent, deployment_offers(runner)))
+
+
+def deployment_offers(runner: TurnRunner) -> dict[str, Offer]:
+    """Every tool of the deployment: the live catalogue (read-only tools alone for a
     sub-agent), then the built-in tools, then the client's own tools."""
     found: dict[str, Offer] = {}
     for spec in runner.rt.catalogue().values():
@@ -127,35 +142,58 @@ def offers(runner: TurnRunner) -> dict[str, Offer]:
     return found
 
 
-def request(runner: TurnRunner, offered: dict[str, Offer]) -> ModelRequest:
-    """The Messages-API request of the next step: the transcript as SQL has it now."""
+def request(runner: TurnRunner, offered: dict[str, Offer], harder: bool = False) -> ModelRequest:
+    """The Messages-API request of the next step: the transcript as SQL has it now, its
+    older turns compacted if it would not fit the context window (``harder``: all of them,
+    after the API said it was too long)."""
     settings = runner.rt.settings
+    system = runner.agent.system_prompt  # the turn's agent's (shared/agents.py)
+    notes: ProposalNotes = {}
     with runner.rt.sessions() as s:
         if runner.child:  # a sub-agent proposes nothing: it has read-only tools alone
             messages = load_messages(s, runner.info.conversation_id, runner.info.turn_id, {})
         else:
-            messages = load_messages(
-                s, runner.info.conversation_id, notes=proposal_notes(runner, s)
-            )
+            notes = proposal_notes(runner, s)
+            messages, _note = compaction.load(s, runner, notes)
     tools = [offered[name].tool_def for name in sorted(offered)]
     counter = runner.rt.tokens  # exact, each block counted once (token_count.py), or None
     if counter is None:
         count = None
-        overhead = estimate_tokens(settings.system_prompt)
+        overhead = estimate_tokens(system)
         overhead += estimate_tokens([asdict(t) for t in tools])
     else:
         count = counter.count
         tool_dicts = [asdict(t) for t in tools]
-        counter.prime([settings.system_prompt, *tool_dicts, *blocks(messages)])
-        overhead = count(settings.system_prompt) + sum(count(t) for t in tool_dicts)
-    budget, cap = settings.context_tokens, settings.tool_output_max_chars
+        counter.prime([system, *tool_dicts, *blocks(messages)])
+        overhead = count(system) + sum(count(t) for t in tool_dicts)
+    window = window_tokens(runner.agent.model, settings.context_window_tokens)
+    fits = input_budget(window, output_tokens(runner.agent))
+    budget, cap = min(settings.context_tokens, fits), settings.tool_output_max_chars
+
+    def size(sent: list[dict[str, Any]]) -> int:
+        if count is None:
+            return overhead + estimate_tokens(sent)
+        return overhead + sum(count(b) for b in blocks(sent))
+
+    if not runner.child and (harder or size(messages) > fits):
+        compacted = compaction.compact(runner, notes, size, fits, harder)
+        if compacted is not None:
+            messages = compacted
     return ModelRequest(
-        system=settings.system_prompt,
+        system=system,
         messages=fit(messages, budget, cap, overhead, count),
         tools=tools,
-        max_tokens=settings.max_tokens,
-        model=settings.model,
+        max_tokens=output_tokens(runner.agent),
+        model=runner.agent.model,
+        thinking_budget_tokens=runner.agent.thinking_budget_tokens,
     )
+
+
+def output_tokens(agent: AgentSpec) -> int:
+    """``max_tokens`` of a step: the agent's output limit, plus its thinking budget when it
+    thinks (the API counts thinking in ``max_tokens`` and wants it above the budget)."""
+    budget = agent.thinking_budget_tokens
+    return agent.max_output_tokens + (budget or 0)
 
 
 def take_step(runner: TurnRunner) -> str | None:
@@ -163,49 +201,66 @@ def take_step(runner: TurnRunner) -> str | None:
     offered = offers(runner)
     texts: list[str] = []
     uses: list[ToolUse] = []
+    thinking: list[dict[str, Any]] = []  # the step's thinking blocks, as the API sent them
     end: StepEnd | None = None
     cancelled = False
     buffer = DeltaBuffer(lambda text: runner.emit("text_delta", {"text": text}))
-    sent = request(runner, offered)
-    stream = runner.rt.model.stream(sent)
+    thoughts = DeltaBuffer(lambda text: runner.emit("thinking_delta", {"text": text}))
+    sent = ModelRequest(system="", messages=[])
+    stream: Iterator[ModelEvent] = iter(())
     try:
-        for event in stream:
+        sent, stream, events = _open(runner, offered)
+        for event in events:
             if runner.cancel.is_set():
                 cancelled = True
                 break
             runner.lease.check()
             if isinstance(event, TextDelta):
+                thoughts.flush()  # the thinking shown before the text it led to
                 texts.append(event.text)
                 buffer.add(event.text)
+            elif isinstance(event, ThinkingDelta):
+                thoughts.add(event.text)
+            elif isinstance(event, ThinkingBlock):
+                thinking.append(event.block)
             elif isinstance(event, ToolUse):
                 uses.append(event)
             elif isinstance(event, StepRetry):
+                thoughts.flush()
                 buffer.flush()
                 texts.clear()
                 uses.clear()
+                thinking.clear()
+                usage.record(runner, usage.retried_row(runner, sent.model, event))
             elif isinstance(event, StepEnd):
                 end = event
     except ModelError as exc:
+        thoughts.flush()
         buffer.flush()
         return runner.finish("failed", error=str(exc))
     finally:
         close = getattr(stream, "close", None)
         if close is not None:
             close()  # stops an unfinished HTTP stream
+    thoughts.flush()
     buffer.flush()
     text = "".join(texts)
     sessions, info = runner.rt.sessions, runner.info
     if cancelled:
+        # Billed all the same; the stream was cut before the API said how much (estimated).
+        row = usage.cancelled_row(runner, sent, text)
         if text:  # the partial answer stays in the transcript
-            store.store_step(sessions, info, text, [], 0, 0)
+            store.store_step(sessions, info, text, [], 0, 0, row)
             runner.emit("assistant_message", {"text": text})
+        else:
+            usage.record(runner, row)
         return runner.finish("cancelled")
     if end is None:
         return runner.finish("failed", error="the model stream ended without finishing the step")
-    planned = [plan(runner, use, offered) for use in uses]
+    planned = cap_sub_agents(runner, [plan(runner, use, offered) for use in uses])
     row = usage.request_row(runner, end.model or sent.model or runner.rt.model.name, end)
     _msg, calls = store.store_step(
-        sessions, info, text, planned, end.input_tokens, end.output_tokens, row
+        sessions, info, text, planned, end.input_tokens, end.output_tokens, row, thinking
     )
     runner.emit("assistant_message", {"text": text})
     for call in calls:
@@ -217,12 +272,32 @@ def take_step(runner: TurnRunner) -> str | None:
                     "call_id": call.id,
                     "tool": call.tool,
                     "input": call.input,
-                    "expires_at": _rfc3339(call.expires_at),
+                    "expires_at": rfc3339(call.expires_at),
                 },
             )
         elif call.status not in OPEN_CALL_STATUSES:
             runner.finished(call)
     return None
+
+
+def _open(
+    runner: TurnRunner, offered: dict[str, Offer]
+) -> tuple[ModelRequest, Iterator[ModelEvent], Iterator[ModelEvent]]:
+    """Send the step's request (the stream's first event sends it); the API finding it too
+    long gets it once more, compacted harder. The request, its stream, and its events."""
+    sent = request(runner, offered)
+    stream = runner.rt.model.stream(sent)
+    try:
+        first = next(stream, None)
+    except PromptTooLong:
+        if runner.child:
+            raise
+        log.warning("turn %s: the prompt was too long; compacting harder", runner.info.turn_id)
+        sent = request(runner, offered, harder=True)
+        stream = runner.rt.model.stream(sent)
+        first = next(stream, None)
+    head = [] if first is None else [first]
+    return sent, stream, itertools.chain(head, stream)
 
 
 def plan(runner: TurnRunner, use: ToolUse, offered: dict[str, Offer]) -> PlannedCall:
@@ -241,6 +316,7 @@ def plan(runner: TurnRunner, use: ToolUse, offered: dict[str, Offer]) -> Planned
             return PlannedCall(use, offer.timeout_s, "error", problem, offer.executor)
     try:
         decision = runner.rt.policy.decide(use.name, use.input, offer.mode)
+        decision = with_agent(decision, use.name, runner.agent.approval)
     except Exception as exc:  # a decision never fails open
         log.exception("tool policy failed on %s", use.name)
         decision = Decision("deny", f"the tool policy could not be applied ({exc!r})")
@@ -259,7 +335,3 @@ def plan(runner: TurnRunner, use: ToolUse, offered: dict[str, Offer]) -> Planned
             decision_ttl_s=runner.rt.settings.decision_ttl_s,
         )
     return PlannedCall(use, offer.timeout_s, "pending", executor=offer.executor)
-
-
-def _rfc3339(value: Any) -> str:
-    return str(as_utc(value).isoformat(timespec="milliseconds").replace("+00:00", "Z"))

@@ -18,6 +18,7 @@ from services.orchestrator.builtin_tools import ASK_USER, AskUserInput, SpawnAge
 from services.orchestrator.lease import LeaseLost
 from shared.auth import hash_token
 from shared.db.models import ToolCall
+from shared.events import tool_call_started
 
 if TYPE_CHECKING:
     from services.orchestrator.turn_runner import TurnRunner
@@ -30,17 +31,7 @@ def offer_to_client(runner: TurnRunner, call: ToolCall) -> None:
     token = secrets.token_urlsafe(32)
     waiting = store.start_waiting(runner.rt.sessions, call.id, call.timeout_s, hash_token(token))
     if waiting is not None:
-        runner.emit(
-            "tool_call_started",
-            {
-                "call_id": call.id,
-                "tool": call.tool,
-                "input": call.input,
-                "timeout_s": call.timeout_s,
-                "executor": "client",
-                "token": token,
-            },
-        )
+        runner.emit("tool_call_started", tool_call_started(call, "client", token))
 
 
 def start_inline(runner: TurnRunner, call: ToolCall) -> None:
@@ -49,16 +40,7 @@ def start_inline(runner: TurnRunner, call: ToolCall) -> None:
         _ask(runner, call)
         return
     for started in store.mark_running(runner.rt.sessions, [call.id]):
-        runner.emit(
-            "tool_call_started",
-            {
-                "call_id": started.id,
-                "tool": started.tool,
-                "input": started.input,
-                "timeout_s": started.timeout_s,
-                "executor": "server",
-            },
-        )
+        runner.emit("tool_call_started", tool_call_started(started))
 
 
 def _ask(runner: TurnRunner, call: ToolCall) -> None:

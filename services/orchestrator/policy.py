@@ -19,6 +19,9 @@ As TOML::
     [tools."*"]
     deny = ['\.env\b']
 
+An agent's ``approval`` overrides (shared/agents.py) apply on top, and only tighten
+(``with_agent``).
+
 It never fails open: an unreadable file, bad JSON or TOML, an unknown key or mode, or a
 pattern that does not compile raises ``PolicyError`` when the orchestrator starts.
 """
@@ -28,7 +31,9 @@ from __future__ import annotations
 import json
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Literal
 
@@ -104,6 +109,25 @@ class ToolPolicy:
         if every is not None and every.mode is not None:
             return Decision(every.mode, "the policy's mode for every tool")
         return Decision(default_mode, f"the tool's own mode {default_mode!r}")
+
+
+_STRICTNESS: dict[Verdict, int] = {"auto": 0, "confirm": 1, "deny": 2}
+
+
+def with_agent(decision: Decision, tool: str, approval: Mapping[str, ApprovalMode]) -> Decision:
+    """The deployment's ``decision`` with an agent's approval overrides on top.
+
+    An agent (shared/agents.py) may make a tool stricter, never looser: its users define
+    it, and the deployment's policy is the operator's. The strictest mode among the
+    overrides whose name or fnmatch pattern matches ``tool`` wins if it is stricter.
+    """
+    modes = [mode for pattern, mode in approval.items() if fnmatchcase(tool, pattern)]
+    if not modes:
+        return decision
+    strictest = max(modes, key=lambda m: _STRICTNESS[m])
+    if _STRICTNESS[strictest] <= _STRICTNESS[decision.verdict]:
+        return decision
+    return Decision(strictest, f"the agent's approval mode for {tool!r}")
 
 
 def parse_policy(raw: Any, source: str) -> ToolPolicy:

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from services.orchestrator import store
 from shared.db.models import ToolCall, as_utc
+from shared.events import tool_call_started
 from shared.tool_contract import ToolCallRequest, ToolResult
 
 if TYPE_CHECKING:
@@ -44,16 +45,7 @@ def dispatch(runner: TurnRunner, pending: Sequence[ToolCall]) -> None:
     sendable = sorted((c for c in pending if c.tool in catalogue), key=lambda c: c.position)
     runner.rt.dispatcher.send([(call_request(runner, c), catalogue[c.tool]) for c in sendable])
     for call in store.mark_running(runner.rt.sessions, [c.id for c in sendable]):
-        runner.emit(
-            "tool_call_started",
-            {
-                "call_id": call.id,
-                "tool": call.tool,
-                "input": call.input,
-                "timeout_s": call.timeout_s,
-                "executor": "server",
-            },
-        )
+        runner.emit("tool_call_started", tool_call_started(call))
 
 
 def call_request(runner: TurnRunner, call: ToolCall) -> ToolCallRequest:

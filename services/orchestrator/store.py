@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from services.orchestrator.model import ToolUse
 from services.orchestrator.transcript import OPEN_CALL_STATUSES
 from shared.db.models import (
+    AgentVersion,
     Conversation,
     Message,
     ModelRequest,
@@ -27,12 +28,22 @@ from shared.db.models import (
     as_utc,
 )
 from shared.ids import new_id
+from shared.statuses import CallDecision, CallState, Executor, TurnState
+from shared.timestamps import rfc3339
 
-FINISHED_TURN_STATUSES = frozenset({"completed", "cancelled", "failed", "step_limit"})
+FINISHED_TURN_STATUSES = frozenset(
+    {
+        TurnState.COMPLETED,
+        TurnState.CANCELLED,
+        TurnState.FAILED,
+        TurnState.STEP_LIMIT,
+        TurnState.TIMED_OUT,
+    }
+)
 
 # Executors of a call: a tool worker, the client that declared the tool, or the orchestrator
 # itself (ask_user, spawn_agent).
-SERVER, CLIENT, INLINE = "server", "client", "inline"
+SERVER, CLIENT, INLINE = Executor.SERVER, Executor.CLIENT, Executor.INLINE
 
 Sessions = sessionmaker[Session]
 
@@ -55,6 +66,18 @@ class TurnInfo:
     text: str = ""
     client_tools: tuple[dict[str, Any], ...] = ()
     parent_call_id: str | None = None  # set on a spawn_agent child turn
+    # The agent version the conversation is bound to (its stored config, shared/agents.py);
+    # None: the deployment's default agent.
+    agent: BoundAgent | None = None
+
+
+@dataclass(frozen=True)
+class BoundAgent:
+    """An agent version as a conversation is bound to it: name, number, stored config."""
+
+    name: str
+    version: int
+    config: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -80,6 +103,11 @@ def load_turn(sessions: Sessions, turn_id: str) -> TurnInfo | None:
         if row is None:
             return None
         turn, conv = row
+        bound = None
+        if conv.agent_version_id is not None:
+            version = s.get(AgentVersion, conv.agent_version_id)
+            if version is not None:
+                bound = BoundAgent(conv.agent_name or "", version.version, dict(version.spec))
         return TurnInfo(
             turn.id,
             conv.id,
@@ -90,6 +118,7 @@ def load_turn(sessions: Sessions, turn_id: str) -> TurnInfo | None:
             turn.text,
             tuple(t for t in turn.client_tools or () if isinstance(t, dict)),
             turn.parent_call_id,
+            bound,
         )
 
 
@@ -126,7 +155,7 @@ def next_queued_turn(sessions: Sessions, conversation_id: str) -> str | None:
             select(Turn.id)
             .where(
                 Turn.conversation_id == conversation_id,
-                Turn.status == "queued",
+                Turn.status == TurnState.QUEUED,
                 Turn.parent_call_id.is_(None),
             )
             .order_by(Turn.seq)
@@ -159,20 +188,27 @@ class Opened:
     cancel_requested: bool
     step: int
     started: bool
+    deadline_at: datetime | None = None  # past it the turn ends timed_out
 
 
-def open_turn(sessions: Sessions, info: TurnInfo, model: str) -> Opened:
+def open_turn(
+    sessions: Sessions, info: TurnInfo, model: str, timeout_s: float | None = None
+) -> Opened:
     """Read the turn and, if it is queued and not cancelled, start it, in ONE transaction:
-    queued → running, and the user's text enters the transcript."""
+    queued → running, and the user's text enters the transcript. ``timeout_s``: the turn's
+    wall-clock limit, from now (its ``deadline_at``)."""
     with sessions() as s, s.begin():
         turn = s.get(Turn, info.turn_id)
         if turn is None:
             raise LookupError(f"no turn {info.turn_id!r}")
-        found = Opened(turn.status, turn.cancel_requested, turn.step, started=False)
-        if turn.status != "queued" or turn.cancel_requested:
+        deadline = as_utc(turn.deadline_at) if turn.deadline_at is not None else None
+        found = Opened(turn.status, turn.cancel_requested, turn.step, False, deadline)
+        if turn.status != TurnState.QUEUED or turn.cancel_requested:
             return found
-        turn.status = "running"
+        turn.status = TurnState.RUNNING
         turn.started_at = utcnow()
+        if timeout_s is not None:
+            deadline = turn.deadline_at = turn.started_at + timedelta(seconds=timeout_s)
         turn.model = model
         s.add(
             Message(
@@ -185,7 +221,7 @@ def open_turn(sessions: Sessions, info: TurnInfo, model: str) -> Opened:
                 content=[{"type": "text", "text": turn.text}],
             )
         )
-        return Opened(found.status, found.cancel_requested, found.step, started=True)
+        return Opened(found.status, found.cancel_requested, found.step, True, deadline)
 
 
 def set_turn_status(sessions: Sessions, turn_id: str, status: str, *, only_from: str) -> bool:
@@ -226,11 +262,14 @@ def store_step(
     input_tokens: int,
     output_tokens: int,
     request: ModelRequest | None = None,
+    thinking: Sequence[dict[str, Any]] = (),
 ) -> tuple[Message, list[ToolCall]]:
     """One model step: its assistant message, its calls and its usage, in one transaction
-    (``request``: the model request's row, ``usage.py``)."""
+    (``request``: the model request's row, ``usage.py``). ``thinking``: the step's thinking
+    blocks, kept first and unchanged (the API wants them back so before its ``tool_use``)."""
     now = utcnow()
-    content: list[Any] = [{"type": "text", "text": text}] if text else []
+    content: list[Any] = [dict(block) for block in thinking]
+    content += [{"type": "text", "text": text}] if text else []
     content += [
         {"type": "tool_use", "id": p.use.id, "name": p.use.name, "input": p.use.input}
         for p in planned
@@ -274,7 +313,7 @@ def store_step(
                 error=p.error,
                 output="",
                 expires_at=now + timedelta(seconds=p.decision_ttl_s)
-                if p.status == "needs_decision"
+                if p.status == CallState.NEEDS_DECISION
                 else None,
                 finished_at=now if final else None,
                 duration_ms=0 if final else None,
@@ -289,9 +328,9 @@ def mark_running(sessions: Sessions, call_ids: Sequence[str]) -> list[ToolCall]:
     moved: list[ToolCall] = []
     with sessions() as s, s.begin():
         for call in s.scalars(
-            select(ToolCall).where(ToolCall.id.in_(call_ids), ToolCall.status == "pending")
+            select(ToolCall).where(ToolCall.id.in_(call_ids), ToolCall.status == CallState.PENDING)
         ):
-            call.status = "running"
+            call.status = CallState.RUNNING
             call.started_at = utcnow()
             call.attempts += 1
             moved.append(call)
@@ -307,7 +346,7 @@ def retry_call(sessions: Sessions, call_id: str, attempts: int) -> ToolCall | No
             update(ToolCall)
             .where(
                 ToolCall.id == call_id,
-                ToolCall.status == "running",
+                ToolCall.status == CallState.RUNNING,
                 ToolCall.attempts == attempts,
             )
             .values(attempts=attempts + 1, started_at=utcnow()),
@@ -319,12 +358,12 @@ def apply_decision(sessions: Sessions, call_id: str) -> ToolCall | None:
     """A decided needs_decision call: allow → pending, deny → denied. None if undecided."""
     with sessions() as s, s.begin():
         call = s.get(ToolCall, call_id)
-        if call is None or call.status != "needs_decision" or call.decision is None:
+        if call is None or call.status != CallState.NEEDS_DECISION or call.decision is None:
             return None
-        if call.decision == "allow":
-            call.status = "pending"
+        if call.decision == CallDecision.ALLOW:
+            call.status = CallState.PENDING
         else:
-            call.status = "denied"
+            call.status = CallState.DENIED
             call.error = call.error or f"the user decided {call.decision!r}"
             call.finished_at = utcnow()
             call.duration_ms = 0
@@ -480,7 +519,7 @@ def finish_turn(
                 Turn.parent_call_id.in_(select(ToolCall.id).where(ToolCall.turn_id == turn_id)),
                 Turn.status.not_in(FINISHED_TURN_STATUSES),
             )
-            .values(status="cancelled", error=f"its parent turn ended ({status})")
+            .values(status=TurnState.CANCELLED, error=f"its parent turn ended ({status})")
         )
         return turn
 
@@ -523,19 +562,22 @@ def _expired(call: ToolCall, now: datetime) -> bool:
 
 def unresolved(call: ToolCall, now: datetime) -> bool:
     """True while ``call`` waits on someone else and may still get an answer."""
-    if call.status == "needs_decision":
+    if call.status == CallState.NEEDS_DECISION:
         return call.decision is None and not _expired(call, now)
-    return call.status == "waiting" and not _expired(call, now)
+    return call.status == CallState.WAITING and not _expired(call, now)
 
 
 def ready_to_continue(sessions: Sessions, turn_id: str) -> bool:
-    """A parked turn that has something to do: a cancel, a decision, an answer, an expiry."""
+    """A parked turn that has something to do: a cancel, a decision, an answer, an expiry,
+    or its own deadline."""
     now = utcnow()
     with sessions() as s:
         turn = s.get(Turn, turn_id)
-        if turn is None or turn.status != "parked":
+        if turn is None or turn.status != TurnState.PARKED:
             return False
         if turn.cancel_requested:
+            return True
+        if turn.deadline_at is not None and as_utc(turn.deadline_at) <= now:
             return True
         calls = s.scalars(
             select(ToolCall).where(
@@ -548,7 +590,9 @@ def ready_to_continue(sessions: Sessions, turn_id: str) -> bool:
 def parked_turns(sessions: Sessions) -> list[tuple[str, str]]:
     """(turn id, conversation id) of every parked turn."""
     with sessions() as s:
-        rows = s.execute(select(Turn.id, Turn.conversation_id).where(Turn.status == "parked"))
+        rows = s.execute(
+            select(Turn.id, Turn.conversation_id).where(Turn.status == TurnState.PARKED)
+        )
         return [(turn_id, conversation_id) for turn_id, conversation_id in rows]
 
 
@@ -559,18 +603,18 @@ def expire_decision(sessions: Sessions, call_id: str) -> ToolCall | None:
         call = s.get(ToolCall, call_id)
         if call is None or call.expires_at is None or not _expired(call, now):
             return None
-        deadline = as_utc(call.expires_at).isoformat(timespec="seconds").replace("+00:00", "Z")
+        deadline = rfc3339(call.expires_at)
         if not _updated(
             s,
             update(ToolCall)
             .where(
                 ToolCall.id == call_id,
-                ToolCall.status == "needs_decision",
+                ToolCall.status == CallState.NEEDS_DECISION,
                 ToolCall.decision.is_(None),  # the same condition a human decision races on
             )
             .values(
-                status="denied",
-                decision="expired",
+                status=CallState.DENIED,
+                decision=CallDecision.EXPIRED,
                 error=f"expired: nobody decided before {deadline}",
                 finished_at=now,
                 duration_ms=0,
@@ -588,9 +632,9 @@ def start_waiting(
     now = utcnow()
     with sessions() as s, s.begin():
         call = s.get(ToolCall, call_id)
-        if call is None or call.status != "pending":
+        if call is None or call.status != CallState.PENDING:
             return None
-        call.status = "waiting"
+        call.status = CallState.WAITING
         call.started_at = now
         call.expires_at = now + timedelta(seconds=wait_s)
         call.token_hash = token_hash
@@ -608,9 +652,9 @@ def expire_waiting(sessions: Sessions, call_id: str, error: str) -> ToolCall | N
         if not _updated(
             s,
             update(ToolCall)
-            .where(ToolCall.id == call_id, ToolCall.status == "waiting")
+            .where(ToolCall.id == call_id, ToolCall.status == CallState.WAITING)
             .values(
-                status="timeout",
+                status=CallState.TIMEOUT,
                 error=error,
                 token_hash=None,
                 finished_at=now,
@@ -638,7 +682,7 @@ def child_turn(sessions: Sessions, parent: TurnInfo, call_id: str, task: str) ->
             seq=parent.seq,
             text=task,
             parent_call_id=call_id,
-            status="queued",
+            status=TurnState.QUEUED,
         )
         s.add(turn)
         return turn.id
@@ -660,3 +704,31 @@ def final_text(sessions: Sessions, turn_id: str) -> str:
             if text:
                 return text
         return ""
+
+
+# -- the agent's tool planner ----------------------------------------------------------------
+
+
+def tools_selected(sessions: Sessions, turn_id: str) -> list[str] | None:
+    """The tools the planner chose for the turn; None if it has not run."""
+    with sessions() as s:
+        chosen = s.scalar(select(Turn.tools_selected).where(Turn.id == turn_id))
+        return None if chosen is None else [str(name) for name in chosen]
+
+
+def save_tools_selected(
+    sessions: Sessions, turn_id: str, chosen: Sequence[str], request: ModelRequest | None
+) -> list[str]:
+    """Keep the planner's choice with its request's usage, once: the choice already stored
+    (by an earlier pass) wins and is returned."""
+    with sessions() as s, s.begin():
+        turn = s.get(Turn, turn_id)
+        if turn is None:
+            raise LookupError(f"no turn {turn_id!r}")
+        if request is not None:
+            s.add(request)  # billed either way: the request was made
+            turn.input_tokens += request.input_tokens
+            turn.output_tokens += request.output_tokens
+        if turn.tools_selected is None:
+            turn.tools_selected = list(chosen)
+        return [str(name) for name in turn.tools_selected]

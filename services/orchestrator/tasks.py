@@ -26,8 +26,10 @@ from services.orchestrator.token_count import ApiTokenCounter, TokenCounter
 from services.orchestrator.worker import app, policy, settings
 from shared.celery_app import RUN_TURN_TASK
 from shared.db import make_engine, make_session_factory
+from shared.events import turn_finished
 from shared.redis_keys import RedisKeys
 from shared.settings import OrchestratorSettings
+from shared.statuses import TurnState
 
 log = logging.getLogger(__name__)
 _build_lock = threading.Lock()  # the threads pool may start several turns at once
@@ -114,7 +116,7 @@ def run_turn(self: Any, turn_id: str) -> str:
         # The loop records failures itself; this is the net under it (e.g. SQL was down).
         log.exception("run_turn(%s) escaped the loop", turn_id)
         _record_failure(rt, turn_id)
-        return "failed"
+        return TurnState.FAILED
 
 
 def _record_failure(rt: Runtime, turn_id: str) -> None:
@@ -123,19 +125,14 @@ def _record_failure(rt: Runtime, turn_id: str) -> None:
     try:
         info = store.load_turn(rt.sessions, turn_id)
         turn = store.finish_turn(
-            rt.sessions, turn_id, "failed", "internal error in the orchestrator"
+            rt.sessions, turn_id, TurnState.FAILED, "internal error in the orchestrator"
         )
         if info is not None and turn is not None:
+            finished = turn_finished(
+                TurnState.FAILED, turn.step, usage.turn_usage(rt.sessions, turn), turn.error
+            )
             rt.events.append(
-                info.conversation_id,
-                "turn_finished",
-                {
-                    "status": "failed",
-                    "steps": turn.step,
-                    "usage": usage.turn_usage(rt.sessions, turn),
-                    "error": turn.error,
-                },
-                turn_id,
+                info.conversation_id, "turn_finished", finished.model_dump(mode="json"), turn_id
             )
     except Exception:
         log.exception("could not record turn %s as failed", turn_id)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from shared.events import OUTPUT_PREVIEW_BYTES
-
 DELTA_WINDOW_S = 0.05  # fast enough to read as live, few enough events for a busy stream
 
 
@@ -41,13 +39,3 @@ class DeltaBuffer:
             text = "".join(self._parts)
             self._parts.clear()
             self._emit(text)
-
-
-def preview(output: str, limit_bytes: int = OUTPUT_PREVIEW_BYTES) -> str:
-    """``output`` cut to at most ``limit_bytes`` of UTF-8, never inside a character."""
-    raw = output.encode()
-    if len(raw) <= limit_bytes:
-        return output
-    marker = "\n…(truncated)"
-    cut = raw[: limit_bytes - len(marker.encode())]
-    return cut.decode(errors="ignore") + marker

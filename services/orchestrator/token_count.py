@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import anthropic
 
-from services.orchestrator.context_budget import estimate_tokens
+from services.orchestrator.context_budget import attachment_tokens, estimate_tokens
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,9 @@ class ApiTokenCounter:
 
     def count(self, value: Any) -> int:
         """Tokens of ``value``: from the cache, else the API, else the estimate."""
+        fixed = attachment_tokens(value)  # an image or document: never sent as text to count
+        if fixed is not None:
+            return fixed
         text = block_text(value)
         if not text:
             return 0
@@ -95,6 +98,8 @@ class ApiTokenCounter:
         fresh: dict[str, str] = {}
         with self._lock:
             for value in values:
+                if attachment_tokens(value) is not None:
+                    continue
                 text = block_text(value)
                 key = hashlib.sha256(text.encode()).hexdigest()
                 if text and key not in self._counts:
@@ -153,7 +158,8 @@ class EstimateCounter:
 
     def count(self, value: Any) -> int:
         """Estimated tokens of ``value``."""
-        return estimate_tokens(block_text(value))
+        fixed = attachment_tokens(value)
+        return fixed if fixed is not None else estimate_tokens(block_text(value))
 
     def prime(self, values: list[Any]) -> None:
         """Nothing to do: estimates are computed on the spot."""

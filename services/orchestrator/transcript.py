@@ -11,19 +11,26 @@ A write tool's result only says what it proposed ("proposed, awaiting approval (
 ("proposal … was applied by the human", or rejected, conflict, expired, withdrawn), read
 from the ``proposals`` table (``load_proposal_notes``) on every step, so the model sees the outcome
 on its next step whichever turn made the proposal.
+
+A turn's attachments (uploads the gateway checked are the user's) are not stored in the
+message either: the turn names them, and ``load_attachments`` puts their ``image`` and
+``document`` blocks before the text of the turn's user message.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import base64
+import copy
+import threading
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, get_args
 
 from sqlalchemy import and_, func, select
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import Session, aliased, undefer
 
-from shared.db.models import Message, Proposal, ToolCall, Turn
+from shared.db.models import Message, Proposal, ToolCall, Turn, Upload
 from shared.events import ProposalStatus
 
 FINAL_CALL_STATUSES = frozenset({"ok", "error", "timeout", "denied", "cancelled", "lost"})
@@ -148,15 +155,20 @@ def build_messages(
     messages: Iterable[MessageRow],
     calls: Mapping[str, Sequence[CallRow]],
     notes: ProposalNotes | None = None,
+    attachments: Mapping[str, Sequence[dict[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
     """The Messages-API ``messages`` of a conversation: ``messages`` in order, ``calls`` by
-    message id, ``notes`` on decided proposals by the id of the call that proposed them."""
+    message id, ``notes`` on decided proposals by the id of the call that proposed them,
+    ``attachments``: the content blocks of a user message's attachments, by message id."""
     notes = notes or {}
+    attachments = attachments or {}
     out: list[dict[str, Any]] = []
     for msg in messages:
         blocks = [dict(b) for b in msg.content if isinstance(b, dict)]
         if msg.role != "assistant":
-            _push(out, msg.role, [b for b in blocks if b.get("type") != "text" or b.get("text")])
+            said = [b for b in blocks if b.get("type") != "text" or b.get("text")]
+            # Attachments before the words, as the Messages API docs advise for images.
+            _push(out, msg.role, [*attachments.get(msg.id, ()), *said])
             continue
         finished = {
             c.tool_use_id: c
@@ -217,12 +229,16 @@ def load_messages(
     conversation_id: str,
     child_turn_id: str | None = None,
     notes: ProposalNotes | None = None,
+    after_seq: int = 0,
+    through_seq: int | None = None,
 ) -> list[dict[str, Any]]:
     """The transcript of a conversation as the model should see it now.
 
     A spawn_agent child turn sees only its own messages (``child_turn_id``); the
     conversation sees none of its children's, only the parent call's result. ``notes``:
     the proposal notes already read (``load_proposal_notes``); None reads them here.
+    ``after_seq``/``through_seq``: only the messages in that range (a compaction note
+    stands for those up to its ``through_seq``: ``compaction.py``).
     """
     if child_turn_id is not None:
         scope = Message.turn_id == child_turn_id
@@ -235,6 +251,10 @@ def load_messages(
                 )
             ),
         )
+    if after_seq:
+        scope = and_(scope, Message.seq > after_seq)
+    if through_seq is not None:
+        scope = and_(scope, Message.seq <= through_seq)
     rows = session.scalars(select(Message).where(scope).order_by(Message.seq)).all()
     call_rows = session.scalars(
         select(ToolCall).join(Message, Message.id == ToolCall.message_id).where(scope)
@@ -244,4 +264,72 @@ def load_messages(
         by_message[call.message_id].append(call)
     if notes is None:
         notes = {} if child_turn_id is not None else load_proposal_notes(session, conversation_id)
-    return build_messages(rows, by_message, notes)
+    return build_messages(rows, by_message, notes, load_attachments(session, rows))
+
+
+# -- attachments: a turn's uploads, sent with its user message as content blocks ----------
+
+_BLOCK_CACHE_MAX = 32  # built blocks kept (uploads never change): a step re-reads no bytes
+_block_cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
+_block_lock = threading.Lock()
+
+
+def attachment_block(kind: str, media_type: str, name: str, data: bytes) -> dict[str, Any]:
+    """The Messages-API block of one upload: ``image`` (base64), ``document`` (base64 PDF),
+    or ``document`` with a text source (a text file), titled with the file's name."""
+    if kind == "text":
+        source = {"type": "text", "media_type": "text/plain", "data": data.decode("utf-8")}
+        return {"type": "document", "source": source, "title": name}
+    encoded = base64.standard_b64encode(data).decode("ascii")
+    source = {"type": "base64", "media_type": media_type, "data": encoded}
+    if kind == "image":
+        return {"type": "image", "source": source}
+    return {"type": "document", "source": source, "title": name}
+
+
+def _blocks_of(session: Session, upload_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The block of each upload, built once per process (the bytes are read only then)."""
+    with _block_lock:
+        found = {i: _block_cache[i] for i in upload_ids if i in _block_cache}
+    missing = [i for i in upload_ids if i not in found]
+    if missing:
+        rows = session.scalars(
+            select(Upload).where(Upload.id.in_(missing)).options(undefer(Upload.data))
+        ).all()
+        with _block_lock:
+            for row in rows:
+                block = attachment_block(row.kind, row.media_type, row.name, row.data)
+                found[row.id] = _block_cache[row.id] = block
+                while len(_block_cache) > _BLOCK_CACHE_MAX:
+                    _block_cache.popitem(last=False)
+    return found
+
+
+def load_attachments(
+    session: Session, rows: Sequence[MessageRow]
+) -> dict[str, list[dict[str, Any]]]:
+    """The attachment blocks of each turn's user message, by message id.
+
+    A turn's own user message is the one with role ``user`` at step 0 (store.open_turn
+    writes it); the turn's ``attachments`` name its uploads, checked by the gateway.
+    """
+    first: dict[str, str] = {}  # turn id -> its user message id
+    for row in rows:
+        if isinstance(row, Message) and row.role == "user" and row.step == 0:
+            first.setdefault(row.turn_id, row.id)
+    if not first:
+        return {}
+    named = {
+        turn_id: list(ids)
+        for turn_id, ids in session.execute(
+            select(Turn.id, Turn.attachments).where(Turn.id.in_(list(first)))
+        ).all()
+        if ids
+    }
+    if not named:
+        return {}
+    blocks = _blocks_of(session, [i for ids in named.values() for i in ids])
+    return {
+        first[turn_id]: [copy.deepcopy(blocks[i]) for i in ids if i in blocks]
+        for turn_id, ids in named.items()
+    }

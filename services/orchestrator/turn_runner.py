@@ -22,18 +22,22 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from pydantic import BaseModel
 
 from services.orchestrator import faults, model_step, own_calls, server_calls, store, usage
 from services.orchestrator.cancel_watch import CancelWatch
 from services.orchestrator.lease import TurnLease
 from services.orchestrator.runtime import Runtime
 from services.orchestrator.store import CLIENT, FINISHED_TURN_STATUSES, INLINE, SERVER, TurnInfo
-from services.orchestrator.text_deltas import preview
 from services.orchestrator.transcript import OPEN_CALL_STATUSES
+from services.orchestrator.turn_deadline import TurnDeadline
+from shared.agents import AgentSpec, bound_agent
 from shared.db.models import ToolCall
-from shared.events import EventKind
+from shared.events import EventKind, tool_call_finished, turn_finished
+from shared.statuses import CallDecision, CallState, TurnState
 from shared.tool_contract import ToolSpec
 
 log = logging.getLogger(__name__)
@@ -57,10 +61,14 @@ class TurnRunner:
         self.root_turn_id = root_turn_id or info.turn_id  # whose cancel flag stops this one
         self.child = info.parent_call_id is not None
         settings = rt.settings
-        self.max_steps = settings.subagent_max_steps if self.child else settings.max_steps
+        # The agent this turn runs as (shared/agents.py): the version its conversation is
+        # bound to, over the deployment's default; a new version never changes it.
+        self.agent: AgentSpec = bound_agent(settings, info.agent)
+        self.max_steps = settings.subagent_max_steps if self.child else self.agent.max_steps
         self._next_cancel_check = 0.0
         self.specs: dict[str, ToolSpec] = {}  # of the tools this runner dispatched to
         self.notes = model_step.NotesCache()  # the proposal notes its last model step read
+        self.timed_out = False  # the turn's deadline passed (turn_deadline.py)
 
     def child_runner(self, info: TurnInfo) -> TurnRunner:
         """A runner for a spawn_agent child turn, under this runner's lease and cancel."""
@@ -68,8 +76,13 @@ class TurnRunner:
 
     # -- events ------------------------------------------------------------------------
 
-    def emit(self, kind: EventKind, data: dict[str, Any]) -> str:
-        """Append one event of this turn to its conversation's stream."""
+    def emit(self, kind: EventKind, data: Mapping[str, Any] | BaseModel) -> str:
+        """Append one event of this turn to its conversation's stream.
+
+        ``data`` is best built by its model (or builder) of ``shared/events.py``.
+        """
+        if isinstance(data, BaseModel):
+            data = data.model_dump(mode="json")
         if self.child:
             data = {**data, "parent_call_id": self.info.parent_call_id}
         return self.rt.events.append(self.info.conversation_id, kind, data, self.info.turn_id)
@@ -80,15 +93,15 @@ class TurnRunner:
             waited_ms = call.waited_ms if isinstance(call, store.EndedCall) else 0
         self.emit(
             "tool_call_finished",
-            {
-                "call_id": call.id,
-                "tool": call.tool,
-                "status": call.status,
-                "output": preview(call.output or ""),
-                "error": call.error,
-                "duration_ms": call.duration_ms or 0,
-                "waited_ms": waited_ms,
-            },
+            tool_call_finished(
+                call.id,
+                call.tool,
+                call.status,
+                call.output,
+                call.error,
+                call.duration_ms,
+                waited_ms,
+            ),
         )
 
     def record(
@@ -115,30 +128,38 @@ class TurnRunner:
         """Bring the turn from its committed state as far as it can go."""
         # The read and the start are one transaction, and turn_started goes out right after
         # it commits: the first thing the user sees waits on nothing else.
-        turn = store.open_turn(self.rt.sessions, self.info, self.rt.model.name)
+        timeout_s = None if self.child else self.agent.turn_timeout_s  # a child: its root's
+        turn = store.open_turn(self.rt.sessions, self.info, self.rt.model.name, timeout_s)
         if turn.status in FINISHED_TURN_STATUSES:
             return "finished"
-        if turn.status == "queued":
+        if turn.status == TurnState.QUEUED:
             if turn.cancel_requested:
-                return self.finish("cancelled")
+                return self.finish(TurnState.CANCELLED)
             if turn.started:
                 self.emit("turn_started", {"model": self.rt.model.name})
-        elif turn.status == "parked":
+        elif turn.status == TurnState.PARKED:
             store.set_turn_status(
-                self.rt.sessions, self.info.turn_id, "running", only_from="parked"
+                self.rt.sessions, self.info.turn_id, TurnState.RUNNING, only_from=TurnState.PARKED
             )
         else:
             self.emit("turn_resumed", {"step": turn.step})
         self.cancel.start()  # before _loop reads the SQL cancel flag (see CancelWatch.start)
         if not self.child:
             faults.maybe_kill_on_turn(self.info.text)  # test-only; a no-op in a deployment
-        return self._loop()
+        with TurnDeadline(turn.deadline_at, self._time_out):
+            return self._loop()
+
+    def _time_out(self) -> None:
+        # The deadline stops the turn the way a cancel does (every wait watches the flag);
+        # ``finish`` then names it for what it was.
+        self.timed_out = True
+        self.cancel.set()
 
     def _loop(self) -> str:
         while True:
             self.lease.check()
             if self.cancelled(force=True):
-                return self.finish("cancelled")
+                return self.finish(TurnState.CANCELLED)
             message, calls = store.last_assistant_message(self.rt.sessions, self.info.turn_id)
             if message is not None:
                 if any(c.status in OPEN_CALL_STATUSES for c in calls):
@@ -147,10 +168,10 @@ class TurnRunner:
                         return outcome
                     continue
                 if not calls:
-                    return self.finish("completed")
+                    return self.finish(TurnState.COMPLETED)
             turn = store.get_turn(self.rt.sessions, self.info.turn_id)
             if turn.step >= self.max_steps:
-                return self.finish("step_limit")
+                return self.finish(TurnState.STEP_LIMIT)
             outcome = model_step.take_step(self)
             if outcome is not None:
                 return outcome
@@ -174,11 +195,11 @@ class TurnRunner:
     def _settle(self) -> str | None:
         """Drive the open calls of the latest step to their end; an outcome ends the run."""
         for call in self.open_calls():
-            if call.status == "needs_decision":
+            if call.status == CallState.NEEDS_DECISION:
                 self._decided_or_expired(call)
-            elif call.status == "waiting":
+            elif call.status == CallState.WAITING:
                 self._maybe_expire_waiting(call)
-        pending = [c for c in self.open_calls() if c.status == "pending"]
+        pending = [c for c in self.open_calls() if c.status == CallState.PENDING]
         server = [c for c in pending if c.executor == SERVER]
         if server:
             server_calls.dispatch(self, server)
@@ -187,32 +208,32 @@ class TurnRunner:
                 own_calls.offer_to_client(self, call)
             elif call.executor == INLINE:
                 own_calls.start_inline(self, call)
-        running = [c for c in self.open_calls() if c.status == "running"]
+        running = [c for c in self.open_calls() if c.status == CallState.RUNNING]
         for call in running:
             if call.executor == INLINE and own_calls.run_child(self, call) == "cancelled":
-                return self.finish("cancelled")
+                return self.finish(TurnState.CANCELLED)
         workers = [c for c in running if c.executor == SERVER]
         if workers and server_calls.gather(self, workers) == "cancelled":
-            return self.finish("cancelled")
+            return self.finish(TurnState.CANCELLED)
         now = store.utcnow()
         if any(store.unresolved(c, now) for c in self.open_calls()):
             # No worker slot is held while someone decides or answers; that (or an expiry
             # the reconciler sees) enqueues the turn again.
             store.set_turn_status(
-                self.rt.sessions, self.info.turn_id, "parked", only_from="running"
+                self.rt.sessions, self.info.turn_id, TurnState.PARKED, only_from=TurnState.RUNNING
             )
-            return "parked"
+            return TurnState.PARKED
         return None
 
     def _decided_or_expired(self, call: ToolCall) -> None:
         decided = store.apply_decision(self.rt.sessions, call.id)
         if decided is not None:
-            if decided.status == "denied":
+            if decided.status == CallState.DENIED:
                 self.finished(decided, store.decision_wait_ms(self.rt.sessions, decided))
             return
         expired = store.expire_decision(self.rt.sessions, call.id)
         if expired is not None:
-            self.emit("tool_call_decided", {"call_id": call.id, "decision": "expired"})
+            self.emit("tool_call_decided", {"call_id": call.id, "decision": CallDecision.EXPIRED})
             self.finished(expired, store.decision_wait_ms(self.rt.sessions, expired))
 
     def _maybe_expire_waiting(self, call: ToolCall) -> None:
@@ -226,17 +247,20 @@ class TurnRunner:
 
     def finish(self, status: str, error: str | None = None) -> str:
         """End the turn: open calls are cancelled, then ``turn_finished``."""
+        if status == TurnState.CANCELLED and self.timed_out:
+            status = TurnState.TIMED_OUT
+            error = f"the turn's time limit of {self.agent.turn_timeout_s:g} s passed"
         closing = self.open_calls()
         for call in closing:
-            reason = None if status == "cancelled" else f"the turn ended ({status})"
-            self.record(call, "cancelled", "", reason)
-        in_flight = [c.id for c in closing if c.status == "running"]
+            reason = None if status == TurnState.CANCELLED else f"the turn ended ({status})"
+            self.record(call, CallState.CANCELLED, "", reason)
+        in_flight = [c.id for c in closing if c.status == CallState.RUNNING]
         if in_flight:
             try:
                 self.rt.dispatcher.revoke(in_flight)
             except Exception:  # revoking is best effort; the calls are already recorded
                 log.warning("turn %s: could not revoke %s", self.info.turn_id, in_flight)
-        if status == "cancelled":
+        if status == TurnState.CANCELLED:
             # After the revoke: a write call stopped just now made its proposal, or not.
             for proposal_id in store.withdraw_proposals(self.rt.sessions, self.info.turn_id):
                 self.emit("proposal_resolved", {"proposal_id": proposal_id, "status": "cancelled"})
@@ -248,13 +272,6 @@ class TurnRunner:
             usage_to=self.root_turn_id if self.child else None,  # the parent pays for its child
         )
         if turn is not None:
-            self.emit(
-                "turn_finished",
-                {
-                    "status": status,
-                    "steps": turn.step,
-                    "usage": usage.turn_usage(self.rt.sessions, turn),
-                    "error": error,
-                },
-            )
+            turn_usage = usage.turn_usage(self.rt.sessions, turn)
+            self.emit("turn_finished", turn_finished(status, turn.step, turn_usage, error))
         return status

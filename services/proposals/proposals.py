@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from pathlib import Path
 from typing import get_args
 
@@ -15,19 +14,12 @@ from services.proposals.context import ServiceContext
 from services.proposals.diffs import unified_diff
 from services.proposals.errors import BadProposal, Conflict, NotFound
 from services.proposals.ownership import owned_conversation
-from services.proposals.schemas import CreateProposal
 from shared.db import Conversation, Outbox, Proposal, ProposalFile
-from shared.db.models import ToolCall, Turn, as_utc
+from shared.db.models import ToolCall, Turn
 from shared.events import ProposalStatus
 from shared.ids import new_id
-from shared.proposals_api import ProposalPublic
-
-
-def rfc3339(moment: datetime | None) -> str | None:
-    """RFC 3339 UTC with a ``Z``, as every time on the wire."""
-    if moment is None:
-        return None
-    return as_utc(moment).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+from shared.proposals_api import CreateProposal, ProposalPublic
+from shared.timestamps import rfc3339_or_none
 
 
 def proposal_public(proposal: Proposal) -> ProposalPublic:
@@ -40,10 +32,10 @@ def proposal_public(proposal: Proposal) -> ProposalPublic:
             "call_id": proposal.call_id,
             "workspace": proposal.workspace,
             "summary": proposal.summary,
-            "created_at": rfc3339(proposal.created_at),
+            "created_at": rfc3339_or_none(proposal.created_at),
             "status": proposal.status,
             "version": proposal.version,
-            "decided_at": rfc3339(proposal.decided_at),
+            "decided_at": rfc3339_or_none(proposal.decided_at),
             "decided_by": proposal.decided_by,
             "reason": proposal.reason,
             "parent_id": proposal.parent_id,

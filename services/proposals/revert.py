@@ -24,10 +24,15 @@ from services.proposals import proposals
 from services.proposals.apply import PathRefused, read_current, resolve, sha256_bytes
 from services.proposals.context import ServiceContext
 from services.proposals.errors import BadProposal, Conflict
-from services.proposals.schemas import MAX_SUMMARY_CHARS, CreateProposal, FileIn
 from shared.db import Proposal
 from shared.db.models import as_utc
-from shared.proposals_api import MAX_FILES, RevertScope
+from shared.proposals_api import (
+    MAX_FILES,
+    MAX_SUMMARY_CHARS,
+    CreateProposal,
+    FileChange,
+    RevertScope,
+)
 
 
 @dataclass(frozen=True)
@@ -86,9 +91,9 @@ def _targets(workspace: Path, applied: list[Proposal]) -> list[_Target]:
     return list(targets.values())
 
 
-def _files(workspace: Path, targets: list[_Target]) -> list[FileIn]:
+def _files(workspace: Path, targets: list[_Target]) -> list[FileChange]:
     """The revert's files: from each path's content now to its target; unchanged ones left out."""
-    files: list[FileIn] = []
+    files: list[FileChange] = []
     for target in targets:
         try:
             current = read_current(workspace, target.path)
@@ -98,10 +103,10 @@ def _files(workspace: Path, targets: list[_Target]) -> list[FileIn]:
         if current == wanted:
             continue
         if current is None:
-            files.append(FileIn(path=target.path, operation="create", after=target.content))
+            files.append(FileChange(path=target.path, operation="create", after=target.content))
         else:
             files.append(
-                FileIn(
+                FileChange(
                     path=target.path,
                     operation="delete" if target.content is None else "update",
                     after=target.content,

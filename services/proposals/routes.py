@@ -10,10 +10,10 @@ from sqlalchemy import text
 
 from services.proposals import decisions, proposals, revert, workspaces
 from services.proposals.deps import Context, CurrentUser, IdPath, OwnedProposal, require_internal
-from services.proposals.schemas import CreateProposal
 from shared.proposals_api import (
     DECIDED_DEFAULT_LIMIT,
     ApproveBody,
+    CreateProposal,
     DecidedLimit,
     DecidedProposals,
     ErrorDetail,

@@ -3,25 +3,18 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Literal
+from typing import Any
 
 import httpx
-from pydantic import BaseModel
 
 from services.tools.registry import ToolContext, ToolError, ToolOutput
+from shared.proposals_api import FileChange
+
+__all__ = ["FileChange", "propose", "sha256_hex"]
 
 PROPOSALS_TIMEOUT_S = 10.0  # well inside every write tool's own time limit
 INTERNAL_TOKEN_HEADER = "X-Signalbox-Internal-Token"
 USER_HEADER = "X-Signalbox-User"
-
-
-class FileChange(BaseModel):
-    """One file of a proposal as the proposals service takes it."""
-
-    path: str
-    operation: Literal["create", "update", "delete"]
-    after: str | None
-    before_sha256: str | None
 
 
 def sha256_hex(data: bytes) -> str:
@@ -65,7 +58,7 @@ def propose(ctx: ToolContext, summary: str, files: list[FileChange]) -> ToolOutp
         "call_id": ctx.call_id,
         "workspace": ctx.workspace_name,
         "summary": summary,
-        "files": [f.model_dump() for f in files],
+        "files": [f.model_dump(mode="json") for f in files],
     }
     try:
         response = ctx.proposals.post(

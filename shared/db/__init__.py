@@ -1,6 +1,8 @@
 """SQL: the source of truth. Models, engine/session factory and migrations."""
 
 from shared.db.models import (
+    Agent,
+    AgentVersion,
     ApiToken,
     Base,
     Conversation,
@@ -11,12 +13,15 @@ from shared.db.models import (
     ProposalFile,
     ToolCall,
     Turn,
+    Upload,
     User,
     Workspace,
 )
 from shared.db.session import make_engine, make_session_factory
 
 __all__ = [
+    "Agent",
+    "AgentVersion",
     "ApiToken",
     "Base",
     "Conversation",
@@ -27,6 +32,7 @@ __all__ = [
     "ProposalFile",
     "ToolCall",
     "Turn",
+    "Upload",
     "User",
     "Workspace",
     "make_engine",

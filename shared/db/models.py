@@ -13,6 +13,7 @@ from sqlalchemy import (
     Float,
     ForeignKey,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -76,8 +77,46 @@ class Conversation(Base):
     # Archived (DELETE /api/conversations/{id}): out of the lists, no new turns; its
     # events and proposals are kept for audit.
     archived_at: Mapped[datetime | None] = mapped_column(default=None)
+    # The agent version the conversation runs as, bound when it starts (shared/agents.py);
+    # null: the deployment's default agent. Name and number are copied for display: a
+    # binding never changes, so the copy never goes stale.
+    agent_version_id: Mapped[str | None] = mapped_column(
+        ForeignKey("agent_versions.id"), default=None
+    )
+    agent_name: Mapped[str | None] = mapped_column(String(64), default=None)
+    agent_version: Mapped[int | None] = mapped_column(Integer, default=None)
 
     turns: Mapped[list[Turn]] = relationship(back_populates="conversation", order_by="Turn.seq")
+
+
+class Agent(Base):
+    """A named agent: a user's own (``user_id``) or deployment-wide (``user_id`` null).
+
+    Its configuration lives in immutable ``AgentVersion`` rows; archiving hides the name
+    from lists and new conversations, never from a conversation already bound to it.
+    """
+
+    __tablename__ = "agents"
+    __table_args__ = (UniqueConstraint("user_id", "name"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    user_id: Mapped[str | None] = mapped_column(ForeignKey("users.id"), default=None, index=True)
+    name: Mapped[str] = mapped_column(String(64), index=True)
+    created_at: Mapped[datetime] = mapped_column(default=now)
+    archived_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class AgentVersion(Base):
+    """One version of an agent: its ``AgentSpec`` as JSON, never changed once written."""
+
+    __tablename__ = "agent_versions"
+    __table_args__ = (UniqueConstraint("agent_id", "version"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    agent_id: Mapped[str] = mapped_column(ForeignKey("agents.id"), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    spec: Mapped[dict[str, Any]] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(default=now)
 
 
 class Turn(Base):
@@ -96,6 +135,8 @@ class Turn(Base):
     text: Mapped[str] = mapped_column(Text)
     client_turn_id: Mapped[str | None] = mapped_column(String(200), default=None)
     client_tools: Mapped[list[Any] | None] = mapped_column(default=None)
+    # The ids of the uploads attached to the user's message (``Upload``), in order.
+    attachments: Mapped[list[Any] | None] = mapped_column(default=None)
     parent_call_id: Mapped[str | None] = mapped_column(String(40), default=None)
     status: Mapped[str] = mapped_column(String(20), default="queued", index=True)
     step: Mapped[int] = mapped_column(Integer, default=0)
@@ -107,8 +148,35 @@ class Turn(Base):
     created_at: Mapped[datetime] = mapped_column(default=now)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    # started_at + the agent's turn_timeout_s, set when the turn starts: past it the turn
+    # ends timed_out. In SQL so a parked turn is woken by it like by a decision's expiry.
+    deadline_at: Mapped[datetime | None] = mapped_column(default=None)
+    # The tools the agent's planner chose for this turn (services/orchestrator/planner.py);
+    # null: no planner ran, every tool of the agent is offered. Kept so a resumed turn offers
+    # the same ones without asking again.
+    tools_selected: Mapped[list[Any] | None] = mapped_column(default=None)
 
     conversation: Mapped[Conversation] = relationship(back_populates="turns")
+
+
+class Upload(Base):
+    """A file a user uploaded to attach to a turn: its bytes and what they were sniffed as.
+
+    Written in one INSERT once the whole body passed its checks, never changed after: a
+    turn that names it reads the same bytes on every step.
+    """
+
+    __tablename__ = "uploads"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
+    name: Mapped[str] = mapped_column(String(255))
+    kind: Mapped[str] = mapped_column(String(10))  # text | image | pdf
+    media_type: Mapped[str] = mapped_column(String(100))
+    size: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64))
+    data: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
+    created_at: Mapped[datetime] = mapped_column(default=now)
 
 
 class Message(Base):
@@ -236,7 +304,10 @@ class ModelRequest(Base):
     conversation_id: Mapped[str] = mapped_column(String(40), index=True)
     turn_id: Mapped[str] = mapped_column(String(40), index=True)
     root_turn_id: Mapped[str] = mapped_column(String(40), index=True)
-    purpose: Mapped[str] = mapped_column(String(20))  # step | sub_agent
+    purpose: Mapped[str] = mapped_column(String(20))  # step | sub_agent | planner | compaction
+    # ok: answered; retried: its stream broke and the step started again; cancelled: cut by
+    # a cancel or the turn's time limit (its tokens then estimated: the API never said).
+    outcome: Mapped[str] = mapped_column(String(20), default="ok")
     model: Mapped[str] = mapped_column(String(100))
     input_tokens: Mapped[int] = mapped_column(Integer, default=0)
     output_tokens: Mapped[int] = mapped_column(Integer, default=0)
@@ -244,3 +315,24 @@ class ModelRequest(Base):
     cache_read_input_tokens: Mapped[int] = mapped_column(Integer, default=0)
     cost_usd: Mapped[float | None] = mapped_column(Float, default=None)
     created_at: Mapped[datetime] = mapped_column(default=now, index=True)
+
+
+class Compaction(Base):
+    """A compaction note: a model's summary of a conversation's older messages, which
+    replaces them in what the model is sent (the messages themselves stay).
+
+    Kept so each step reuses it rather than summarising again; a conversation's newest
+    note covers the most (``through_seq``: the last message it folds).
+    """
+
+    __tablename__ = "compactions"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    conversation_id: Mapped[str] = mapped_column(ForeignKey("conversations.id"), index=True)
+    turn_id: Mapped[str] = mapped_column(String(40))  # the turn whose step made it
+    through_seq: Mapped[int] = mapped_column(Integer)
+    turns_folded: Mapped[int] = mapped_column(Integer)
+    summary: Mapped[str] = mapped_column(Text)
+    tokens_before: Mapped[int] = mapped_column(Integer)
+    tokens_after: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=now)

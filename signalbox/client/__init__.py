@@ -28,7 +28,15 @@ from signalbox.client.errors import (
     Unreachable,
 )
 from signalbox.client.http import AsyncClient, Client
-from signalbox.client.ws import AsyncWebSocket, ProposalAck, TurnAck, WebSocket, ws_url
+from signalbox.client.ws import (
+    AsyncWebSocket,
+    ConnectionState,
+    ProposalAck,
+    StateChange,
+    TurnAck,
+    WebSocket,
+    ws_url,
+)
 
 __all__ = [
     "AsyncClient",
@@ -37,10 +45,12 @@ __all__ = [
     "Client",
     "Conflict",
     "ConnectionLost",
+    "ConnectionState",
     "NotFound",
     "ProposalAck",
     "ReplayGap",
     "SignalboxError",
+    "StateChange",
     "TurnAck",
     "Unauthorized",
     "Unreachable",

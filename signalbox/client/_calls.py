@@ -7,6 +7,7 @@ same limits the gateway checks: a text over its maximum fails here, before it is
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
@@ -16,6 +17,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from shared.events import Event
 from shared.gateway_api import (
+    AgentView,
     AnswerRecorded,
     ConversationDetail,
     ConversationSummary,
@@ -23,6 +25,7 @@ from shared.gateway_api import (
     ToolResultRecorded,
     TurnAccepted,
     TurnCancel,
+    UploadPublic,
     WsTicket,
 )
 from shared.proposals_api import ApproveBody, PendingProposals, ProposalPublic, RejectBody
@@ -45,6 +48,13 @@ class Call(Generic[T]):
     read: Callable[[Any], T]
     body: Any = None
     params: dict[str, str] | None = None
+    content: bytes | None = None  # a raw body instead of JSON (an upload)
+
+    def send_args(self) -> dict[str, Any]:
+        """The body arguments of ``httpx``'s ``request``: JSON, or the raw ``content``."""
+        if self.content is not None:
+            return {"content": self.content, "params": self.params}
+        return {"json": self.body, "params": self.params}
 
 
 def _model(model: type[M]) -> Callable[[Any], M]:
@@ -111,10 +121,14 @@ def conversations() -> Call[list[ConversationSummary]]:
     return Call("GET", "/api/conversations", "conversations", _summaries.validate_python)
 
 
-def create_conversation(workspace: str | None, title: str) -> Call[ConversationSummary]:
+def create_conversation(
+    workspace: str | None, title: str, agent: str | None = None
+) -> Call[ConversationSummary]:
     body: Json = {"title": title}
     if workspace is not None:
         body["workspace"] = workspace
+    if agent is not None:
+        body["agent"] = agent
     return Call(
         "POST", "/api/conversations", "a new conversation", _model(ConversationSummary), body
     )
@@ -145,6 +159,8 @@ def start_turn(
     text: str,
     client_turn_id: str | None,
     client_tools: Sequence[ClientToolSpec] | None,
+    attachments: Sequence[str] | None = None,
+    agent: str | None = None,
 ) -> Call[TurnAccepted]:
     built = frame(
         UserTurn,
@@ -153,14 +169,32 @@ def start_turn(
         text=text,
         client_turn_id=client_turn_id,
         client_tools=list(client_tools) if client_tools else None,
+        attachments=list(attachments) if attachments else None,
+        agent=agent,
     )
     return Call(
         "POST",
         f"/api/conversations/{conversation_id}/turns",
         f"a turn in {conversation_id!r}",
         _model(TurnAccepted),
-        _body(built, "text", "client_turn_id", "client_tools"),
+        _body(built, "text", "client_turn_id", "client_tools", "attachments", "agent"),
     )
+
+
+def upload(data: bytes, name: str) -> Call[UploadPublic]:
+    """``POST /api/uploads``: the file as the raw body, its name in the query."""
+    return Call(
+        "POST",
+        "/api/uploads",
+        f"the upload {name!r}",
+        _model(UploadPublic),
+        params={"name": name},
+        content=data,
+    )
+
+
+def upload_info(upload_id: str) -> Call[UploadPublic]:
+    return Call("GET", f"/api/uploads/{upload_id}", f"upload {upload_id!r}", _model(UploadPublic))
 
 
 def cancel(turn_id: str) -> Call[TurnCancel]:
@@ -243,3 +277,31 @@ def reject(proposal_id: str, reason: str | None) -> Call[ProposalPublic]:
         _model(ProposalPublic),
         RejectBody(reason=reason).model_dump(mode="json"),
     )
+
+
+# -- agents (GET/POST /api/agents, GET/PUT/DELETE /api/agents/{name}) ------------------------
+
+_agents: TypeAdapter[list[AgentView]] = TypeAdapter(list[AgentView])
+
+
+def agents() -> Call[list[AgentView]]:
+    return Call("GET", "/api/agents", "agents", _agents.validate_python)
+
+
+def agent(name: str) -> Call[AgentView]:
+    return Call("GET", f"/api/agents/{_segment(name)}", f"agent {name!r}", _model(AgentView))
+
+
+def create_agent(name: str, config: Json) -> Call[AgentView]:
+    body = {"name": name, **config}
+    return Call("POST", "/api/agents", f"agent {name!r}", _model(AgentView), body)
+
+
+def edit_agent(name: str, config: Json) -> Call[AgentView]:
+    path = f"/api/agents/{_segment(name)}"
+    return Call("PUT", path, f"agent {name!r}", _model(AgentView), config)
+
+
+def _segment(name: str) -> str:
+    """An agent name as one path segment (the gateway refuses any other form with 422)."""
+    return urllib.parse.quote(name, safe="")

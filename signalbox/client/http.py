@@ -8,8 +8,10 @@ Server-Sent Events and, when the connection drops, reconnects by itself with
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
 from typing import Literal, TypeVar
 
 import httpx
@@ -17,6 +19,7 @@ import httpx
 from shared.event_stream import id_after
 from shared.events import Event
 from shared.gateway_api import (
+    AgentView,
     AnswerRecorded,
     ConversationDetail,
     ConversationSummary,
@@ -24,6 +27,7 @@ from shared.gateway_api import (
     ToolResultRecorded,
     TurnAccepted,
     TurnCancel,
+    UploadPublic,
     WsTicket,
 )
 from shared.proposals_api import ProposalPublic
@@ -43,6 +47,14 @@ RECONNECT_MAX_S = 5.0
 RECONNECT_GIVE_UP_S = 60.0  # no stream answering for this long ends ``stream`` with the error
 
 _DROPS = (httpx.TransportError, httpx.RemoteProtocolError)
+
+
+def _upload_source(file: str | os.PathLike[str] | bytes, name: str | None) -> tuple[bytes, str]:
+    """The bytes to upload and the name shown: a path's own name unless ``name`` is given."""
+    if isinstance(file, bytes):
+        return file, name or "upload"
+    path = Path(file)
+    return path.read_bytes(), name or path.name
 
 
 def _stream_call(conversation_id: str) -> Call[None]:
@@ -102,9 +114,7 @@ class Client:
 
     def _do(self, call: Call[T]) -> T:
         try:
-            response = self._http.request(
-                call.method, call.path, json=call.body, params=call.params
-            )
+            response = self._http.request(call.method, call.path, **call.send_args())
         except httpx.TransportError as exc:
             raise _calls.unreachable(self.url, exc) from None
         return _calls.read(call, response)
@@ -119,11 +129,27 @@ class Client:
         """My conversations, newest first."""
         return self._do(_calls.conversations())
 
+    def agents(self) -> list[AgentView]:
+        """The agents I can use: mine and the deployment's."""
+        return self._do(_calls.agents())
+
+    def agent(self, name: str) -> AgentView:
+        """One agent's newest version."""
+        return self._do(_calls.agent(name))
+
+    def create_agent(self, name: str, config: Json) -> AgentView:
+        """Define an agent of my own (``config``: ``AgentConfig`` fields)."""
+        return self._do(_calls.create_agent(name, config))
+
+    def edit_agent(self, name: str, config: Json) -> AgentView:
+        """A new version of my agent with exactly ``config``."""
+        return self._do(_calls.edit_agent(name, config))
+
     def create_conversation(
-        self, workspace: str | None = None, title: str = ""
+        self, workspace: str | None = None, title: str = "", agent: str | None = None
     ) -> ConversationSummary:
-        """A new, empty conversation."""
-        return self._do(_calls.create_conversation(workspace, title))
+        """A new, empty conversation, bound to ``agent`` (None: the deployment's default)."""
+        return self._do(_calls.create_conversation(workspace, title, agent))
 
     def conversation(self, conversation_id: str) -> ConversationDetail:
         """Turns, transcript, pending decisions, questions and client tools."""
@@ -135,9 +161,27 @@ class Client:
         text: str,
         client_turn_id: str | None = None,
         client_tools: Sequence[ClientToolSpec] | None = None,
+        attachments: Sequence[str] | None = None,
+        agent: str | None = None,
     ) -> TurnAccepted:
-        """Queue a turn (idempotent by ``client_turn_id``)."""
-        return self._do(_calls.start_turn(conversation_id, text, client_turn_id, client_tools))
+        """Queue a turn (idempotent by ``client_turn_id``); ``attachments``: upload ids.
+
+        ``agent`` binds a conversation that has no turn yet; on one already bound it must
+        name the same agent (else ``Conflict``).
+        """
+        call = _calls.start_turn(
+            conversation_id, text, client_turn_id, client_tools, attachments, agent
+        )
+        return self._do(call)
+
+    def upload(self, file: str | os.PathLike[str] | bytes, name: str | None = None) -> UploadPublic:
+        """Upload a file (a path, or bytes with ``name``) to attach to a turn by its id."""
+        data, shown = _upload_source(file, name)
+        return self._do(_calls.upload(data, shown))
+
+    def upload_info(self, upload_id: str) -> UploadPublic:
+        """An upload's metadata: what it was sniffed as."""
+        return self._do(_calls.upload_info(upload_id))
 
     def cancel(self, turn_id: str) -> TurnCancel:
         """Stop a queued, running or parked turn."""
@@ -242,9 +286,7 @@ class AsyncClient:
 
     async def _do(self, call: Call[T]) -> T:
         try:
-            response = await self._http.request(
-                call.method, call.path, json=call.body, params=call.params
-            )
+            response = await self._http.request(call.method, call.path, **call.send_args())
         except httpx.TransportError as exc:
             raise _calls.unreachable(self.url, exc) from None
         return _calls.read(call, response)
@@ -257,11 +299,27 @@ class AsyncClient:
         """My conversations, newest first."""
         return await self._do(_calls.conversations())
 
+    async def agents(self) -> list[AgentView]:
+        """The agents I can use: mine and the deployment's."""
+        return await self._do(_calls.agents())
+
+    async def agent(self, name: str) -> AgentView:
+        """One agent's newest version."""
+        return await self._do(_calls.agent(name))
+
+    async def create_agent(self, name: str, config: Json) -> AgentView:
+        """Define an agent of my own (``config``: ``AgentConfig`` fields)."""
+        return await self._do(_calls.create_agent(name, config))
+
+    async def edit_agent(self, name: str, config: Json) -> AgentView:
+        """A new version of my agent with exactly ``config``."""
+        return await self._do(_calls.edit_agent(name, config))
+
     async def create_conversation(
-        self, workspace: str | None = None, title: str = ""
+        self, workspace: str | None = None, title: str = "", agent: str | None = None
     ) -> ConversationSummary:
-        """A new, empty conversation."""
-        return await self._do(_calls.create_conversation(workspace, title))
+        """A new, empty conversation, bound to ``agent`` (None: the deployment's default)."""
+        return await self._do(_calls.create_conversation(workspace, title, agent))
 
     async def conversation(self, conversation_id: str) -> ConversationDetail:
         """Turns, transcript, pending decisions, questions and client tools."""
@@ -273,10 +331,29 @@ class AsyncClient:
         text: str,
         client_turn_id: str | None = None,
         client_tools: Sequence[ClientToolSpec] | None = None,
+        attachments: Sequence[str] | None = None,
+        agent: str | None = None,
     ) -> TurnAccepted:
-        """Queue a turn (idempotent by ``client_turn_id``)."""
-        call = _calls.start_turn(conversation_id, text, client_turn_id, client_tools)
+        """Queue a turn (idempotent by ``client_turn_id``); ``attachments``: upload ids.
+
+        ``agent`` binds a conversation that has no turn yet; on one already bound it must
+        name the same agent (else ``Conflict``).
+        """
+        call = _calls.start_turn(
+            conversation_id, text, client_turn_id, client_tools, attachments, agent
+        )
         return await self._do(call)
+
+    async def upload(
+        self, file: str | os.PathLike[str] | bytes, name: str | None = None
+    ) -> UploadPublic:
+        """Upload a file (a path, or bytes with ``name``) to attach to a turn by its id."""
+        data, shown = await asyncio.to_thread(_upload_source, file, name)
+        return await self._do(_calls.upload(data, shown))
+
+    async def upload_info(self, upload_id: str) -> UploadPublic:
+        """An upload's metadata: what it was sniffed as."""
+        return await self._do(_calls.upload_info(upload_id))
 
     async def cancel(self, turn_id: str) -> TurnCancel:
         """Stop a queued, running or parked turn."""

@@ -3,8 +3,11 @@
 Every frame is a model of ``shared/protocol.py``. A request waits for the reply carrying its
 ``req``; events go to ``events()``. When the socket drops, the session reconnects with
 backoff and subscribes each conversation again after the last event it delivered, so
-``events()`` yields every event once, in order; a request in flight at the drop raises
-``ConnectionLost`` (turns carry a ``client_turn_id``, so sending one again is safe).
+``events()`` yields every event once, in order. A request in flight at the drop raises
+``ConnectionLost``, or, with ``resend=True``, is sent again on the next connection (every
+client frame is safe to repeat: turns carry a ``client_turn_id``, deciding twice is refused
+or harmless). ``on_state`` hears each connection change (``StateChange``), so a program
+can say "reconnecting..." while it waits.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import contextlib
 import json
 import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -55,6 +60,29 @@ RECONNECT_MAX_S = 5.0
 RECONNECT_GIVE_UP_S = 60.0
 
 
+class ConnectionState(StrEnum):
+    """Where the session's connection stands, as ``on_state`` hears it."""
+
+    CONNECTED = "connected"  # connected; ``connections`` > 1 means again, after a drop
+    DROPPED = "dropped"  # the connection ended; reconnecting at once
+    RETRYING = "retrying"  # an attempt to reconnect failed; the next in ``retry_in_s``
+    GAVE_UP = "gave_up"  # no connection for ``give_up_s``: ``events()`` raises ``Unreachable``
+    CLOSED = "closed"  # ``close()`` was called
+
+
+@dataclass(frozen=True)
+class StateChange:
+    """One change of the connection: the new state, and why (``detail``) when it failed."""
+
+    state: ConnectionState
+    connections: int  # connections made so far, this one included
+    detail: str | None = None
+    retry_in_s: float | None = None
+
+
+StateHook = Callable[[StateChange], None]
+
+
 class TurnAck(BaseModel):
     """The ``ack`` of ``user_turn``: where the turn went."""
 
@@ -81,13 +109,30 @@ def ws_url(gateway_url: str) -> str:
 
 
 class AsyncWebSocket:
-    """One user's WebSocket session that survives drops. Use ``async with``."""
+    """One user's WebSocket session that survives drops. Use ``async with``.
 
-    def __init__(self, url: str, token: str, give_up_s: float = RECONNECT_GIVE_UP_S) -> None:
+    ``resend``: a request whose reply the drop lost is sent again on the next connection
+    instead of raising ``ConnectionLost``. ``on_state``: called (on the event loop) with
+    every ``StateChange``; it must not block.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        give_up_s: float = RECONNECT_GIVE_UP_S,
+        *,
+        resend: bool = False,
+        on_state: StateHook | None = None,
+    ) -> None:
         self.url = ws_url(url)
         self.token = token
         self.give_up_s = give_up_s
+        self.resend = resend
+        self.on_state = on_state
+        self.state: ConnectionState | None = None
         self.connections = 0  # how many times it connected (1 + reconnects)
+        self.resent = 0  # requests sent again after a drop
         self.last: dict[str, str] = {}  # conversation -> last event id delivered
         self._following: set[str] = set()
         self._replies: dict[str, asyncio.Future[dict[str, Any]]] = {}
@@ -112,18 +157,33 @@ class AsyncWebSocket:
 
     async def close(self) -> None:
         """Close the socket and stop reconnecting."""
-        self._closing = True
+        if not self._closing:
+            self._closing = True
+            self._set_state(ConnectionState.CLOSED)
         if self._conn is not None:
             await self._conn.close()
         if self._runner is not None:
             self._runner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            # A runner that gave up already told ``events()``; closing is not another error.
+            with contextlib.suppress(asyncio.CancelledError, SignalboxError):
                 await self._runner
 
     async def drop(self) -> None:
         """Close the current connection as a network failure would (tests, and retrying)."""
         if self._conn is not None:
             await self._conn.close(code=4000, reason="dropped by the client")
+
+    def abort(self) -> None:
+        """Cut the current connection without a close frame, as a network failure does."""
+        if self._conn is not None:
+            self._conn.transport.abort()
+
+    def _set_state(
+        self, state: ConnectionState, detail: str | None = None, retry_in_s: float | None = None
+    ) -> None:
+        self.state = state
+        if self.on_state is not None:
+            self.on_state(StateChange(state, self.connections, detail, retry_in_s))
 
     # -- the connection ----------------------------------------------------------------------
 
@@ -137,13 +197,17 @@ class AsyncWebSocket:
             )
         except InvalidStatus as exc:
             if exc.response.status_code in (401, 403):
-                raise Unauthorized(f"the gateway at {self.url} refused the token") from None
+                status = exc.response.status_code
+                raise Unauthorized(
+                    f"the gateway at {self.url} refused the token ({status})"
+                ) from None
             raise Unreachable(f"handshake with {self.url} failed: {exc}") from None
         except (OSError, TimeoutError) as exc:
             raise Unreachable(f"cannot reach the gateway at {self.url}: {exc!r}") from None
         self.connections += 1
         self._conn = conn
         self._connected.set()
+        self._set_state(ConnectionState.CONNECTED)
         return conn
 
     async def _run(self, conn: ClientConnection) -> None:
@@ -157,6 +221,8 @@ class AsyncWebSocket:
             self._replies.clear()
             if self._closing:
                 return
+            # 1006: cut without a close frame (the network, or a killed gateway).
+            self._set_state(ConnectionState.DROPPED, f"the connection closed ({conn.close_code})")
             conn = await self._reconnect()
             task = asyncio.create_task(self._resubscribe(), name="signalbox-ws-resubscribe")
             self._tasks.add(task)
@@ -169,8 +235,10 @@ class AsyncWebSocket:
                 return await self._open()
             except Unreachable as exc:
                 if waited > self.give_up_s:
+                    self._set_state(ConnectionState.GAVE_UP, str(exc))
                     self._events.put_nowait(exc)
                     raise
+                self._set_state(ConnectionState.RETRYING, str(exc), delay)
             await asyncio.sleep(delay)
             waited += delay
             delay = min(delay * 2, RECONNECT_MAX_S)
@@ -182,6 +250,7 @@ class AsyncWebSocket:
             except ConnectionLost:
                 return  # the next connection resubscribes
             except SignalboxError as exc:
+                exc.body.setdefault("conversation_id", conversation_id)
                 self._events.put_nowait(exc)
 
     async def _read(self, conn: ClientConnection) -> None:
@@ -205,15 +274,52 @@ class AsyncWebSocket:
 
     # -- requests ----------------------------------------------------------------------------
 
-    async def request(self, message: BaseModel) -> Ack:
+    async def request(self, message: BaseModel, resend: bool | None = None) -> Ack:
         """Send ``message`` (a ``shared.protocol`` frame) with a fresh ``req``; its ``ack``.
 
         An ``error`` reply raises its ``SignalboxError`` (``NotFound``, ``Conflict``...).
+        ``resend`` (default: the session's): after a drop, send it again rather than raise.
         """
-        await asyncio.wait_for(self._connected.wait(), REPLY_TIMEOUT_S)
-        conn = self._conn
-        if conn is None:
-            raise ConnectionLost("not connected")
+        ack, _attempts = await self._exchange(message, self.resend if resend is None else resend)
+        return ack
+
+    async def _exchange(self, message: BaseModel, resend: bool) -> tuple[Ack, int]:
+        """The ``ack`` of ``message`` and how many times it was sent to get it."""
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                return await self._send_once(message), attempts
+            except ConnectionLost:
+                if not resend or self._closing:
+                    raise
+                self.resent += 1
+
+    async def _wait_connected(self) -> ClientConnection:
+        """The live connection; waits through a reconnect (``Unreachable`` once the session
+        gives up, ``ConnectionLost`` once it is closed)."""
+        if self._conn is not None and self._connected.is_set():
+            return self._conn
+        waiter = asyncio.ensure_future(self._connected.wait())
+        watched: set[asyncio.Future[Any]] = {waiter}
+        if self._runner is not None:
+            watched.add(self._runner)
+        try:
+            await asyncio.wait(
+                watched,
+                timeout=self.give_up_s + REPLY_TIMEOUT_S,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            waiter.cancel()
+        if self._conn is not None:
+            return self._conn
+        if self._closing:
+            raise ConnectionLost("the session is closed")
+        raise Unreachable(f"not connected to {self.url}: gave up reconnecting")
+
+    async def _send_once(self, message: BaseModel) -> Ack:
+        conn = await self._wait_connected()
         req = uuid.uuid4().hex[:12]
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._replies[req] = future
@@ -221,6 +327,9 @@ class AsyncWebSocket:
             await conn.send(message.model_copy(update={"req": req}).model_dump_json())
         except ConnectionClosed:
             self._replies.pop(req, None)
+            if self._conn is conn:  # before the reader notices: a resend waits for the next
+                self._conn = None
+                self._connected.clear()
             raise ConnectionLost("the socket dropped before the frame was sent") from None
         reply = await asyncio.wait_for(future, REPLY_TIMEOUT_S)
         if reply["type"] == "error":
@@ -250,8 +359,10 @@ class AsyncWebSocket:
         client_turn_id: str | None = None,
         workspace: str | None = None,
         client_tools: Sequence[ClientToolSpec] | None = None,
+        attachments: Sequence[str] | None = None,
     ) -> TurnAck:
         """Send a turn (a new conversation when ``conversation_id`` is None) and follow it.
+        ``attachments``: ids of uploads (``Client.upload``) sent with the text.
 
         The ``ack`` has ``conversation_id`` and ``turn_id``. A ``client_turn_id`` is made up
         when none is given, so the turn can be sent again after ``ConnectionLost``.
@@ -264,9 +375,17 @@ class AsyncWebSocket:
             client_turn_id=client_turn_id or uuid.uuid4().hex,
             workspace=workspace,
             client_tools=list(client_tools) if client_tools else None,
+            attachments=list(attachments) if attachments else None,
         )
-        ack = TurnAck.model_validate(await self.request(built), from_attributes=True)
+        reply, attempts = await self._exchange(built, self.resend)
+        ack = TurnAck.model_validate(reply, from_attributes=True)
+        followed = ack.conversation_id in self._following
         self._following.add(ack.conversation_id)
+        if attempts > 1 and not followed:
+            # The gateway follows a repeated turn from "now": replay what the drop lost
+            # (events already delivered are dropped by id).
+            with contextlib.suppress(ConnectionLost):
+                await self.subscribe(ack.conversation_id, self.last.get(ack.conversation_id))
         return ack
 
     async def cancel(self, turn_id: str) -> Ack:
@@ -335,11 +454,21 @@ class AsyncWebSocket:
 class WebSocket:
     """``AsyncWebSocket`` for blocking code: the session runs on its own event-loop thread."""
 
-    def __init__(self, url: str, token: str, give_up_s: float = RECONNECT_GIVE_UP_S) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        give_up_s: float = RECONNECT_GIVE_UP_S,
+        *,
+        resend: bool = False,
+        on_state: StateHook | None = None,
+    ) -> None:
+        """``resend`` and ``on_state`` as ``AsyncWebSocket``'s (``on_state`` runs on the
+        session's thread)."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self.session = AsyncWebSocket(url, token, give_up_s)
+        self.session = AsyncWebSocket(url, token, give_up_s, resend=resend, on_state=on_state)
         try:
             self._call(self.session.connect())
         except BaseException:
@@ -372,6 +501,10 @@ class WebSocket:
         """Close the current connection as a network failure would."""
         self._call(self.session.drop())
 
+    def abort(self) -> None:
+        """Cut the current connection without a close frame."""
+        self._loop.call_soon_threadsafe(self.session.abort)
+
     def subscribe(self, conversation_id: str, after: str | None = None) -> Ack:
         """Follow a conversation from after ``after``."""
         return self._call(self.session.subscribe(conversation_id, after))
@@ -383,10 +516,13 @@ class WebSocket:
         client_turn_id: str | None = None,
         workspace: str | None = None,
         client_tools: Sequence[ClientToolSpec] | None = None,
+        attachments: Sequence[str] | None = None,
     ) -> TurnAck:
-        """Send a turn and follow its conversation."""
+        """Send a turn and follow its conversation (``attachments``: upload ids)."""
         return self._call(
-            self.session.start_turn(text, conversation_id, client_turn_id, workspace, client_tools)
+            self.session.start_turn(
+                text, conversation_id, client_turn_id, workspace, client_tools, attachments
+            )
         )
 
     def cancel(self, turn_id: str) -> Ack:

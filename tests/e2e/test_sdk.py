@@ -15,6 +15,7 @@ import pytest
 
 from shared.events import Event
 from signalbox.client import (
+    AsyncClient,
     AsyncWebSocket,
     BadRequest,
     Client,
@@ -165,3 +166,37 @@ def test_the_blocking_websocket_decides_a_proposal(stack: Stack, token: str) -> 
         assert decided.status == "rejected"
         with pytest.raises(Conflict):
             ws.decide_proposal(proposal_id, "approve")
+
+
+def test_the_async_sdk_binds_a_conversation_to_an_agent_that_thinks(
+    stack: Stack, token: str
+) -> None:
+    asyncio.run(_agent_that_thinks(stack, token))
+
+
+async def _agent_that_thinks(stack: Stack, token: str) -> None:
+    # An agent of the user's own, in chat mode with a thinking budget: the offline demo model
+    # then thinks aloud and answers in text alone, offering no tool.
+    config = {"mode": "chat", "thinking_budget_tokens": 2048}
+    async with AsyncClient(stack.gateway_url, token) as sb:
+        made = await sb.create_agent("thinker", config)
+        assert (made.name, made.version, made.scope) == ("thinker", 1, "user")
+        assert [a.name for a in await sb.agents() if a.name == "thinker"] == ["thinker"]
+        conversation = await sb.create_conversation(agent="thinker")
+        turn = await sb.start_turn(conversation.conversation_id, "create hello.txt")
+        events: list[Event] = []
+        async with asyncio.timeout(TURN_TIMEOUT_S):
+            async for event in sb.stream(conversation.conversation_id):
+                events.append(event)
+                if event.kind == "turn_finished" and event.turn_id == turn.turn_id:
+                    break
+        kinds = [e.kind for e in events]
+        assert "thinking_delta" in kinds and "text_delta" in kinds, kinds
+        assert "tool_call_started" not in kinds and "proposal_created" not in kinds, kinds
+        assert events[-1].data["status"] == "completed"
+        detail = await sb.conversation(conversation.conversation_id)
+        assert (detail.agent, detail.agent_version) == ("thinker", 1)
+        with pytest.raises(Conflict):  # bound for good: another agent is refused
+            await sb.start_turn(conversation.conversation_id, "hi", agent="default-nope")
+        with pytest.raises(NotFound):
+            await sb.create_conversation(agent="no-such-agent")

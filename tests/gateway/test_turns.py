@@ -54,7 +54,12 @@ async def test_user_turn_creates_conversation_turn_events_and_task(
     assert all(e["conversation_id"] == conversation_id for e in events)
     assert events[1]["turn_id"] == turn_id
     assert events[1]["data"] == {"text": text, "client_turn_id": None}
-    assert events[0]["data"] == {"workspace": "default", "title": text[:60]}
+    assert events[0]["data"] == {
+        "workspace": "default",
+        "title": text[:60],
+        "agent": None,  # the deployment's default agent
+        "agent_version": None,
+    }
 
     with db_sessions() as session:
         conversation = session.get(Conversation, conversation_id)

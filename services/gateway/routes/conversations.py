@@ -17,15 +17,18 @@ from services.gateway.errors import BadInput, ReplayGapError
 from services.gateway.ownership import owned_conversation
 from services.gateway.routes.interactions import REFUSALS
 from services.gateway.stream_auth import bearer_scheme, stream_access
+from shared.agents import AgentName
 from shared.event_stream import ReplayGap, check_event_id
 from shared.events import Event
 from shared.gateway_api import ConversationDetail, ConversationSummary, TurnAccepted
 from shared.protocol import (
+    MAX_ATTACHMENTS,
     MAX_CLIENT_TOOLS,
     MAX_ID_CHARS,
     MAX_TURN_TEXT_CHARS,
     NO_NUL,
     ClientToolSpec,
+    Id,
 )
 
 router = APIRouter(prefix="/api/conversations")
@@ -36,6 +39,9 @@ class NewConversation(BaseModel):
 
     workspace: str | None = Field(default=None, max_length=MAX_ID_CHARS)
     title: str = Field(default="", max_length=200, pattern=NO_NUL)
+    agent: AgentName | None = Field(
+        default=None, description="the agent it runs as (default: the deployment's default)"
+    )
 
 
 class NewTurn(BaseModel):
@@ -47,6 +53,17 @@ class NewTurn(BaseModel):
         default=None,
         max_length=MAX_CLIENT_TOOLS,
         description="tools this client runs itself for this turn, as on the user_turn frame",
+    )
+    agent: AgentName | None = Field(
+        default=None,
+        description="as on the user_turn frame: binds a conversation that has no turn yet; "
+        "else must be the agent it is bound to (409)",
+    )
+    attachments: list[Id] | None = Field(
+        default=None,
+        max_length=MAX_ATTACHMENTS,
+        description="ids from POST /api/uploads, as on the user_turn frame (404 if one is "
+        "not mine: no turn is stored)",
     )
 
 
@@ -78,7 +95,7 @@ async def create_conversation(
 ) -> ConversationSummary:
     """A new, empty conversation."""
     conversation = await conversations.start_conversation(
-        gateway, user.id, body.workspace, body.title
+        gateway, user.id, body.workspace, body.title, body.agent
     )
     return ConversationSummary.model_validate(conversations.conversation_json(conversation))
 
@@ -207,6 +224,8 @@ async def create_turn(
         text=body.text,
         client_turn_id=body.client_turn_id,
         client_tools=turns.client_tools_json(body.client_tools),
+        agent=body.agent,
+        attachments=body.attachments,
     )
     return TurnAccepted(
         turn_id=submitted.turn_id,

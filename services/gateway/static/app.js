@@ -4,6 +4,7 @@
 import { renderMarkdown, copyButton } from "./markdown.js";
 import { renderDiff } from "./diff.js";
 import { initFiles } from "./files.js";
+import { initAttachments, chipsOf } from "./attachments.js";
 
 const $ = (id) => document.getElementById(id);
 const el = (tag, cls, text) => {
@@ -190,13 +191,16 @@ function onEvent(e) {
   switch (e.kind) {
     case "conversation_created":
       state.workspace = d.workspace;
-      $("conv-workspace").textContent = `workspace ${d.workspace}`;
+      // The agent it is bound to (absent: the deployment's default agent).
+      $("conv-workspace").textContent = `workspace ${d.workspace}` +
+        (d.agent ? ` · agent ${d.agent} v${d.agent_version}` : "");
       if (d.title) $("conv-title").textContent = d.title;
       break;
     case "turn_queued":
       turn.text = d.text;
       turn.user.textContent = d.text;
       turn.user.hidden = false;
+      if (d.attachments && d.attachments.length) turn.user.append(chipsOf(d.attachments));
       turn.queuedTs = e.ts;
       setTurnStatus(turn, "queued");
       if (!turn.parent) setRunning(e.turn_id);
@@ -221,7 +225,14 @@ function onEvent(e) {
       turn.streaming.text += d.text;
       streamText(turn);
       break;
+    case "thinking_delta":
+      thinkingText(turn, d.text);
+      break;
+    case "context_compacted":
+      turnNote(turn, `compacted ${d.turns_folded} earlier turn(s) to fit the context window (${d.tokens_before} → ${d.tokens_after} tokens)`);
+      break;
     case "assistant_message":
+      turn.thinking = null;  // the next step thinks in a block of its own
       finishText(turn, d.text);
       break;
     case "tool_call_started":
@@ -390,6 +401,17 @@ function bubble(turn) {
   node.append(md, actions);
   turnItem(turn, node);
   return node;
+}
+
+// Extended thinking: a collapsed, dimmed "Thinking" block above the step's text.
+function thinkingText(turn, text) {
+  if (!turn.thinking) {
+    const node = el("details", "msg thinking");
+    node.append(el("summary", "", "Thinking"), el("div", "thinking-text"));
+    turn.thinking = { node: turnItem(turn, node), text: "" };
+  }
+  turn.thinking.text += text;
+  turn.thinking.node.querySelector(".thinking-text").textContent = turn.thinking.text;
 }
 
 function streamText(turn) {
@@ -934,6 +956,7 @@ $("workspace-form").addEventListener("submit", async (ev) => {
 
 // -- drawers (narrow screens) --------------------------------------------------------------
 
+const attachments = initAttachments({ token: () => state.token, note });
 const files = initFiles({ api, workspace: () => state.workspace || $("workspace").value || "default" });
 
 function showTab(name) {
@@ -980,11 +1003,12 @@ $("scrim").addEventListener("click", closeDrawers);
 $("composer").addEventListener("submit", (ev) => {
   ev.preventDefault();
   const text = $("text").value.trim();
-  if (!text) return;
+  if (!text || attachments.busy()) return;
   const frame = { type: "user_turn", conversation_id: state.conversationId, text, client_turn_id: crypto.randomUUID() };
   if (!state.conversationId) frame.workspace = $("workspace").value || undefined;
+  if (attachments.ids().length) frame.attachments = attachments.ids();
   const sent = send(frame);
-  if (sent) { $("text").value = ""; if (!state.conversationId) state.awaitingNew = true; state.stick = true; }
+  if (sent) { $("text").value = ""; attachments.clear(); if (!state.conversationId) state.awaitingNew = true; state.stick = true; }
 });
 $("text").addEventListener("keydown", (ev) => {
   if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) { ev.preventDefault(); $("composer").requestSubmit(); }
