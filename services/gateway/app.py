@@ -25,6 +25,7 @@ from services.gateway.errors import GatewayError
 from services.gateway.routes import (
     activity,
     agents,
+    agui,
     conversation_admin,
     conversations,
     files,
@@ -75,6 +76,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
     for router in (
         health.router,
+        agui.router,
         me.router,
         activity.router,
         files.router,
