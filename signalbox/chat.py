@@ -1,40 +1,46 @@
-"""``signalbox chat``: a terminal client of the gateway's WebSocket.
+"""``signalbox chat``: a terminal client of the gateway, on the Python SDK.
 
-The socket may drop at any moment; the client then reconnects with backoff, subscribes
-again with the last event id it saw (``EventTracker``) and resends every frame that had
-no reply yet. Every frame it resends is idempotent: turns carry a ``client_turn_id``,
-approving twice is harmless. Rendering lives in ``chat_render`` (pure); this module is
-only the I/O around it.
+The socket is ``signalbox.client.AsyncWebSocket``: it reconnects with backoff, subscribes
+again after the last event it delivered (so nothing is shown twice or lost), and resends
+every request that had no reply yet (``resend=True``; turns carry a ``client_turn_id``,
+deciding twice is harmless). Proposals are read with ``AsyncClient``. Rendering lives in
+``chat_render`` (pure); this module is only the prompts and the I/O around them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import sys
 import threading
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Literal, TextIO
 
 from pydantic import BaseModel
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from shared.event_stream import id_after
-from shared.protocol import Answer, Cancel, DecideProposal, DecideTool, Subscribe, UserTurn
+from shared.events import Event
+from shared.protocol import Answer, Cancel, DecideProposal, DecideTool, UserTurn
+from shared.statuses import TurnState
 from signalbox.chat_render import Renderer, render_proposal
-from signalbox.gateway_api import ApiError, ProposalsApi, ws_url
+from signalbox.client import (
+    AsyncClient,
+    AsyncWebSocket,
+    ConnectionLost,
+    ConnectionState,
+    ProposalAck,
+    ReplayGap,
+    SignalboxError,
+    StateChange,
+    TurnAck,
+)
 
 Frame = dict[str, Any]
 Policy = Literal["ask", "approve", "reject", "leave"]
+Reply = BaseModel | SignalboxError  # what a request got back: its ack, or why not
 
-RECONNECT_FIRST_S = 0.25  # first retry soon: most drops are a restarted gateway or a blip
-RECONNECT_MAX_S = 5.0
-OPEN_TIMEOUT_S = 10.0
 RESOLVED_GRACE_S = 10.0  # after an approval's ack, how long --once waits for its event
 DEFAULT_ONCE_TIMEOUT_S = 600.0
 HELP = "type a message; /cancel stops the running turn, /quit leaves"
@@ -50,36 +56,12 @@ TOOL_ANSWERS = {"a": "allow", "allow": "allow", "y": "allow", "yes": "allow",
 
 
 def frame_of(model: BaseModel) -> Frame:
-    """A client frame of ``shared/protocol.py`` as the dict the chat sends and remembers."""
+    """A client frame of ``shared/protocol.py`` as the dict the chat remembers it by."""
     return model.model_dump(mode="json", exclude_none=True)
 
 
 class ChatError(RuntimeError):
     """The chat cannot go on (e.g. the token is refused); the message says why."""
-
-
-class EventTracker:
-    """The resume point of each conversation; drops events already seen.
-
-    Event ids increase within a conversation, so an event at or before the last id seen
-    is a repeat (a replay overlapping what arrived live before a drop).
-    """
-
-    def __init__(self) -> None:
-        self.last: dict[str, str] = {}
-
-    def accept(self, event: Mapping[str, Any]) -> bool:
-        """True (and remember it) when ``event`` is new; False for a repeat."""
-        conversation_id, event_id = str(event["conversation_id"]), str(event["id"])
-        previous = self.last.get(conversation_id)
-        if previous is not None and not id_after(event_id, previous):
-            return False
-        self.last[conversation_id] = event_id
-        return True
-
-    def resume_after(self, conversation_id: str) -> str | None:
-        """The ``after`` of a subscribe that replays exactly what was missed."""
-        return self.last.get(conversation_id)
 
 
 @dataclass(frozen=True)
@@ -118,9 +100,7 @@ class _State:
     """What the chat knows about the conversation and its own requests."""
 
     conversation_id: str | None = None
-    following: set[str] = field(default_factory=set)
-    inflight: dict[str, Frame] = field(default_factory=dict)  # req -> frame awaiting a reply
-    resent: set[str] = field(default_factory=set)
+    inflight: dict[int, Frame] = field(default_factory=dict)  # requests awaiting a reply
     client_turn_id: str | None = None
     turn_id: str | None = None
     turn_status: str | None = None
@@ -131,34 +111,36 @@ class _State:
 
 
 class ChatClient:
-    """One chat session: a WebSocket that survives drops, a renderer, the human's prompts."""
+    """One chat session: the SDK's WebSocket and HTTP client, a renderer, the prompts."""
 
     def __init__(
         self,
         options: ChatOptions,
         out: TextIO,
-        api: ProposalsApi | None = None,
         on_event: Callable[[Frame], None] | None = None,
     ) -> None:
         self.options = options
         self.out = out
-        self.api = api or ProposalsApi(options.url, options.token)
+        self.ws = AsyncWebSocket(options.url, options.token, resend=True, on_state=self._on_state)
+        self.api = AsyncClient(options.url, options.token)
         self.on_event = on_event  # tests watch accepted events through this
-        self.url = ws_url(options.url)
-        self.tracker = EventTracker()
         self.renderer = Renderer()
         self.state = _State(conversation_id=options.conversation_id)
         self.prompts: deque[Prompt] = deque()
-        self.connection: ClientConnection | None = None
-        self.connections = 0
-        self._req = 0
+        self._requests = 0
         self._changed = asyncio.Event()
         self._stopping = False
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # requests, proposals being fetched...
+        self._request_tasks: set[asyncio.Task[None]] = set()  # ... of which requests
         self.typed = 0  # lines typed so far (a prompt answers only lines typed after it)
         self.held = 0  # messages typed while a prompt was open, waiting for their turn
         self._prompt_shown = False  # the head prompt is the last thing printed
         self._prompt_timer: asyncio.TimerHandle | None = None
+
+    @property
+    def connections(self) -> int:
+        """How many times the socket connected (1 + reconnects)."""
+        return self.ws.connections
 
     # -- output ----------------------------------------------------------------------------
 
@@ -206,28 +188,41 @@ class ChatClient:
 
     # -- sending ---------------------------------------------------------------------------
 
-    async def send(self, frame: Frame) -> str:
-        """Send ``frame`` with a fresh ``req``; it is resent after a reconnect until answered."""
-        self._req += 1
-        req = f"c{self._req}"
-        frame = {**frame, "req": req}
-        self.state.inflight[req] = frame
-        await self._transmit(frame)
-        return req
+    def send(self, request: BaseModel) -> None:
+        """Send ``request`` (a ``shared.protocol`` frame) in the background; the SDK sends it
+        again after a reconnect until it is answered. Its reply is shown by ``_replied``."""
+        self._requests += 1
+        key = self._requests
+        sent = frame_of(request)
+        self.state.inflight[key] = sent
+        self._spawn(self._exchange(key, sent, request), request=True)
 
-    async def _transmit(self, frame: Frame) -> None:
-        conn = self.connection
-        if conn is None:
-            return  # sent by the next connection
-        with contextlib.suppress(ConnectionClosed):
-            await conn.send(json.dumps(frame))
+    async def _exchange(self, key: int, sent: Frame, request: BaseModel) -> None:
+        reply: Reply
+        try:
+            reply = await self._request(request)
+        except SignalboxError as exc:
+            reply = exc
+        finally:
+            self.state.inflight.pop(key, None)
+        await self._replied(sent, reply)
 
-    async def _subscribe(self, conversation_id: str, after: str | None) -> None:
-        self.state.following.add(conversation_id)
-        subscribe = Subscribe(type="subscribe", conversation_id=conversation_id, after=after)
-        await self.send({**frame_of(subscribe), "after": after})
+    async def _request(self, request: BaseModel) -> BaseModel:
+        ws = self.ws
+        match request:
+            case UserTurn():
+                return await ws.start_turn(
+                    request.text,
+                    request.conversation_id,
+                    request.client_turn_id,
+                    request.workspace,
+                )
+            case DecideProposal():
+                return await ws.decide_proposal(request.proposal_id, request.decision)
+            case _:
+                return await ws.request(request)
 
-    async def send_turn(self, text: str) -> None:
+    def send_turn(self, text: str) -> None:
         """Send one user turn (idempotent through its ``client_turn_id``)."""
         self.state.client_turn_id = uuid.uuid4().hex
         self.state.turn_id = None
@@ -240,74 +235,53 @@ class ChatClient:
             client_turn_id=self.state.client_turn_id,
             workspace=self.options.workspace if new and self.options.workspace else None,
         )
-        await self.send(frame_of(turn))
+        self.send(turn)
 
     # -- the connection --------------------------------------------------------------------
 
-    async def connection_loop(self) -> None:
-        """Stay connected until stopped: reconnect with backoff, resume every subscription."""
-        delay = RECONNECT_FIRST_S
-        while not self._stopping:
-            try:
-                async with connect(
-                    self.url,
-                    additional_headers={"Authorization": f"Bearer {self.options.token}"},
-                    open_timeout=OPEN_TIMEOUT_S,
-                ) as conn:
-                    self.connection = conn
-                    delay = RECONNECT_FIRST_S
-                    await self._on_connected()
-                    async for raw in conn:
-                        await self._handle(json.loads(raw))
-            except InvalidStatus as exc:
-                status = exc.response.status_code
-                if status in (401, 403):
-                    raise ChatError(
-                        f"the gateway at {self.options.url} refused the token ({status})"
-                    ) from None
-                self.say(f"(the gateway answered {status}; retrying in {delay:.1f} s)")
-            except (OSError, TimeoutError, ConnectionClosed, InvalidHandshake) as exc:
-                if not self._stopping:
-                    what = "lost" if self.connections else "not possible"
-                    self.say(
-                        f"(connection {what}: {type(exc).__name__}; retrying in {delay:.1f} s)"
-                    )
-            finally:
-                self.connection = None
-            if self._stopping:
-                return
-            # Backoff between attempts to reach another process: a wait, not synchronisation.
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RECONNECT_MAX_S)
+    def _on_state(self, change: StateChange) -> None:
+        """What the SDK's connection does, as one line each (the SDK does the work)."""
+        match change.state:
+            case ConnectionState.CONNECTED if change.connections > 1:
+                self.say("(reconnected; resuming where the stream left off)")
+            case ConnectionState.DROPPED:
+                self.say(f"(connection lost: {change.detail}; reconnecting)")
+            case ConnectionState.RETRYING:
+                self.say(f"({change.detail}; retrying in {change.retry_in_s or 0:.1f} s)")
+            case ConnectionState.GAVE_UP:
+                self.say(f"(gave up reconnecting: {change.detail})")
 
-    async def _on_connected(self) -> None:
-        self.connections += 1
-        state = self.state
-        if self.connections > 1:
-            self.say("(reconnected; resuming where the stream left off)")
-        # Subscriptions of the old socket died with it; its replies will never come. The
-        # rest is resent, in the order first sent; frames sent from here on go out directly.
-        unanswered = [(r, f) for r, f in state.inflight.items() if f["type"] != "subscribe"]
-        state.inflight = dict(unanswered)
-        for conversation_id in sorted(state.following):
-            await self._subscribe(conversation_id, self.tracker.resume_after(conversation_id))
-        for req, frame in unanswered:
-            if self.connections > 1:
-                state.resent.add(req)
-            await self._transmit(frame)
+    async def _follow(self) -> None:
+        """Show every event of the followed conversations, once each, until stopped."""
+        while True:
+            try:
+                event = await self.ws.next_event()
+            except ReplayGap as exc:
+                conversation_id = str(exc.body.get("conversation_id"))
+                self.say(
+                    f"(events of {conversation_id} missed while disconnected are no longer "
+                    "kept; showing what the server still has)"
+                )
+                self._spawn(self._subscribe_from_start(conversation_id))
+                continue
+            except SignalboxError as exc:  # gave up reconnecting
+                raise ChatError(str(exc)) from None
+            await self._handle(event)
+
+    async def _subscribe_from_start(self, conversation_id: str) -> None:
+        try:
+            await self.ws.subscribe(conversation_id, None)
+        except SignalboxError as exc:
+            self._show_error(exc)
 
     # -- receiving -------------------------------------------------------------------------
 
-    async def _handle(self, frame: Frame) -> None:
-        kind = frame.get("type")
-        if kind == "event":
-            if self.tracker.accept(frame):
-                self.emit(self.renderer.render(frame))
-                await self._react(frame)
-                if self.on_event is not None:
-                    self.on_event(frame)
-        elif kind in ("ack", "error"):
-            await self._reply(frame)
+    async def _handle(self, event: Event) -> None:
+        frame = event.model_dump(mode="json")
+        self.emit(self.renderer.render(frame))
+        await self._react(frame)
+        if self.on_event is not None:
+            self.on_event(frame)
         self._changed_now()
 
     async def _react(self, event: Frame) -> None:
@@ -323,7 +297,7 @@ class ChatClient:
             state.resolved.add(str(data.get("proposal_id")))
             self.close_prompt("proposal", str(data.get("proposal_id")))
         elif kind == "tool_call_needs_decision":
-            await self._tool_decision(str(data.get("call_id")), str(data.get("tool")))
+            self._tool_decision(str(data.get("call_id")), str(data.get("tool")))
         elif kind == "tool_call_decided":
             self.close_prompt("tool", str(data.get("call_id")))
         elif kind == "question":
@@ -336,71 +310,60 @@ class ChatClient:
         elif kind == "turn_finished" and event.get("turn_id") == state.turn_id:
             state.turn_status = str(data.get("status"))
 
-    async def _reply(self, frame: Frame) -> None:
+    def _show_error(self, exc: SignalboxError) -> None:
+        if isinstance(exc, ConnectionLost) and self._stopping:
+            return  # the chat is leaving: nothing was refused
+        frame = {"type": "error", "code": exc.code or type(exc).__name__, "message": exc.message}
+        self.emit(self.renderer.render_frame(frame))
+
+    async def _replied(self, sent: Frame, reply: Reply) -> None:
+        """Show what the reply to ``sent`` means, and note what it changes."""
         state = self.state
-        req = frame.get("req")
-        sent = state.inflight.pop(str(req), None) if req is not None else None
-        ok = frame["type"] == "ack"
-        if sent is None:
-            self.emit(self.renderer.render_frame(frame))
-            return
-        match sent["type"]:
-            case "user_turn" if ok:
-                conversation_id = str(frame["conversation_id"])
-                state.conversation_id = conversation_id
-                state.turn_id = str(frame["turn_id"])
-                state.following.add(conversation_id)
-                if req in state.resent:
-                    # The gateway resumes a repeated turn from "now"; we want from our last id.
-                    await self._subscribe(
-                        conversation_id, self.tracker.resume_after(conversation_id)
-                    )
-            case "user_turn":
-                state.turn_status = f"refused ({frame.get('code')})"
-                self.emit(self.renderer.render_frame(frame))
-            case "subscribe" if not ok and frame.get("code") == "replay_gap":
-                conversation_id = str(sent["conversation_id"])
-                self.say(
-                    f"(events of {conversation_id} after {sent.get('after')} are no longer "
-                    "kept; showing what the server still has)"
-                )
-                await self._subscribe(conversation_id, None)
-            case "decide_proposal":
+        match sent["type"], reply:
+            case "user_turn", TurnAck():
+                state.conversation_id = reply.conversation_id
+                state.turn_id = reply.turn_id
+            case "user_turn", SignalboxError():
+                state.turn_status = f"refused ({reply.code})"
+                self._show_error(reply)
+            case "decide_proposal", _:
                 proposal_id = str(sent["proposal_id"])
                 state.undecided.discard(proposal_id)
-                if ok:
-                    status = frame.get("status")
-                    if status == "applied":
+                if isinstance(reply, ProposalAck):
+                    if reply.status == "applied":
                         state.approved.add(proposal_id)
                     done = DONE.get(str(sent["decision"]), str(sent["decision"]))
-                    self.say(f"** proposal {proposal_id} {done}: now {status}")
-                else:
+                    self.say(f"** proposal {proposal_id} {done}: now {reply.status}")
+                elif isinstance(reply, SignalboxError):
                     state.decision_failed = True
-                    self.emit(self.renderer.render_frame(frame))
-            case _:
-                if not ok:
-                    self.emit(self.renderer.render_frame(frame))
+                    self._show_error(reply)
+            case _, SignalboxError():
+                self._show_error(reply)
+        self._changed_now()
 
     # -- decisions -------------------------------------------------------------------------
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None], request: bool = False) -> None:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
+        if request:
+            self._request_tasks.add(task)
         task.add_done_callback(self._task_done)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
+        self._request_tasks.discard(task)
         self._changed_now()
 
     async def _show_proposal(self, proposal_id: str) -> None:
         status = "pending"
         try:
-            proposal = await asyncio.to_thread(self.api.get, proposal_id)
-        except ApiError as exc:
+            proposal = await self.api.proposal(proposal_id)
+        except SignalboxError as exc:
             self.say(f"error: cannot show proposal {proposal_id}: {exc}")
         else:
-            self.say(*render_proposal(proposal))
-            status = str(proposal.get("status"))
+            self.say(*render_proposal(proposal.model_dump(mode="json")))
+            status = str(proposal.status)
         policy = self.options.policy
         if status != "pending" or proposal_id in self.state.resolved:
             # Decided already (a conversation shown again from its start): nothing to ask.
@@ -409,7 +372,7 @@ class ChatClient:
             decide = DecideProposal(
                 type="decide_proposal", proposal_id=proposal_id, decision=policy
             )
-            await self.send(frame_of(decide))
+            self.send(decide)
         elif policy == "ask":
             self.open_prompt(
                 Prompt("proposal", proposal_id, f"approve proposal {proposal_id}? [y/n]")
@@ -418,13 +381,11 @@ class ChatClient:
             self.say(f"   (left pending: `signalbox proposals approve {proposal_id}`)")
         self._changed_now()
 
-    async def _tool_decision(self, call_id: str, tool: str) -> None:
+    def _tool_decision(self, call_id: str, tool: str) -> None:
         policy = self.options.policy
         if policy in ("approve", "reject"):
             decision: Literal["allow", "deny"] = "allow" if policy == "approve" else "deny"
-            await self.send(
-                frame_of(DecideTool(type="decide_tool", call_id=call_id, decision=decision))
-            )
+            self.send(DecideTool(type="decide_tool", call_id=call_id, decision=decision))
         elif policy == "ask":
             self.open_prompt(
                 Prompt("tool", call_id, f"allow {tool} (call {call_id})? [a]llow/[d]eny"),
@@ -490,16 +451,22 @@ class ChatClient:
             self._reprompt()
             return
         self.prompts.popleft()
-        await self.send(frame_of(frame))
+        self.send(frame)
         if self.prompts:
             self._reprompt()
 
     # -- the two ways to run ---------------------------------------------------------------
 
     async def _run_with_connection(
-        self, body: Coroutine[Any, Any, int], timeout_s: float | None
+        self, body: Coroutine[Any, Any, int], timeout_s: float | None, replay: bool = False
     ) -> int:
-        connection = asyncio.create_task(self.connection_loop())
+        try:
+            await self._connect(replay)
+        except BaseException:
+            body.close()
+            await self.api.aclose()
+            raise
+        connection = asyncio.create_task(self._follow(), name="chat-follow")
         work: asyncio.Task[int] = asyncio.create_task(body)
         try:
             done, _ = await asyncio.wait(
@@ -517,15 +484,24 @@ class ChatClient:
             for task in (work, connection, *self._tasks):
                 task.cancel()
             await asyncio.gather(work, connection, *self._tasks, return_exceptions=True)
-            if self.connection is not None:
-                await self.connection.close()
-            self.api.close()
+            await self.ws.close()
+            await self.api.aclose()
+
+    async def _connect(self, replay: bool) -> None:
+        """Connect (and with ``replay``, follow the conversation continued from its start);
+        a refused token or an unknown conversation is a ``ChatError`` that says so."""
+        try:
+            await self.ws.connect()
+            if replay and self.options.conversation_id is not None:
+                await self.ws.subscribe(self.options.conversation_id, None)
+        except SignalboxError as exc:
+            await self.ws.close()
+            raise ChatError(str(exc)) from None
 
     def _settled(self) -> bool:
         """Every request answered, every approval's ``proposal_resolved`` seen."""
         state = self.state
-        unanswered = [f for f in state.inflight.values() if f["type"] != "subscribe"]
-        return not unanswered and not self._tasks and state.approved <= state.resolved
+        return not state.inflight and not self._tasks and state.approved <= state.resolved
 
     async def run_once(self, text: str) -> int:
         """Send one turn, show it to its end (deciding proposals if asked); 0 if completed."""
@@ -533,22 +509,20 @@ class ChatClient:
 
     async def _once(self, text: str) -> int:
         state = self.state
-        await self.send_turn(text)
+        self.send_turn(text)
         await self._until(lambda: state.turn_status is not None)
         # Proposals announced at the very end may still be fetching or awaiting their ack.
         await self._until(lambda: not state.undecided and not self._tasks)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._until(self._settled), RESOLVED_GRACE_S)
-        if state.turn_status != "completed":
+        if state.turn_status != TurnState.COMPLETED:
             return 1
         return 1 if state.decision_failed else 0
 
     async def run_interactive(self, lines: AsyncIterator[str]) -> int:
-        """Chat with lines from ``lines`` until ``/quit`` or their end."""
-        if self.state.conversation_id is not None:
-            # An existing conversation: show it from its start, then live.
-            self.state.following.add(self.state.conversation_id)
-        return await self._run_with_connection(self._interactive(lines), None)
+        """Chat with lines from ``lines`` until ``/quit`` or their end (a conversation
+        continued with ``--conversation`` is shown from its start, then live)."""
+        return await self._run_with_connection(self._interactive(lines), None, replay=True)
 
     def ready_for_input(self) -> bool:
         """True when the next typed line can be used: a prompt is open, or no turn runs."""
@@ -557,7 +531,10 @@ class ChatClient:
         state = self.state
         awaiting_ack = any(f["type"] == "user_turn" for f in state.inflight.values())
         turn_running = state.client_turn_id is not None and state.turn_status is None
-        return not awaiting_ack and not turn_running and not self._tasks
+        # A decision still awaiting its ack holds nothing up; a proposal being fetched
+        # does (its prompt is about to open).
+        fetching = self._tasks - self._request_tasks
+        return not awaiting_ack and not turn_running and not fetching
 
     async def _interactive(self, lines: AsyncIterator[str]) -> int:
         self.say(HELP)
@@ -616,7 +593,7 @@ class ChatClient:
             if not line.strip():
                 continue
             if prompt is None and not self.held:
-                await self.send_turn(line.strip())
+                self.send_turn(line.strip())
                 continue
             self.held += 1
             messages.put_nowait(line.strip())
@@ -631,7 +608,7 @@ class ChatClient:
     async def _send_messages(self, messages: asyncio.Queue[str | None]) -> None:
         while (text := await messages.get()) is not None:
             await self._until(self.ready_for_turn)
-            await self.send_turn(text)
+            self.send_turn(text)
             self.held -= 1
 
     async def _cancel(self) -> None:
@@ -639,7 +616,7 @@ class ChatClient:
         if state.turn_id is None or state.turn_status is not None:
             self.say("(no running turn to cancel)")
             return
-        await self.send(frame_of(Cancel(type="cancel", turn_id=state.turn_id)))
+        self.send(Cancel(type="cancel", turn_id=state.turn_id))
 
 
 def _has_loop() -> bool:

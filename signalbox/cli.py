@@ -10,7 +10,7 @@ from pathlib import Path
 
 from shared.settings import CommonSettings, SettingsError, load
 from signalbox import admin
-from signalbox.gateway_api import ApiError, ProposalsApi, resolve_token, resolve_url
+from signalbox.gateway_api import ApiError, resolve_token, resolve_url
 
 
 def _port(value: str) -> int:
@@ -189,11 +189,12 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def _proposals(args: argparse.Namespace) -> int:
+    from signalbox.client import Client
     from signalbox.proposals_cli import run_proposals
 
-    api = ProposalsApi(resolve_url(args.url), resolve_token(args.token))
+    client = Client(resolve_url(args.url), resolve_token(args.token))
     return run_proposals(
-        api,
+        client,
         args.proposals_command,
         getattr(args, "proposal_id", None),
         getattr(args, "reason", None),

@@ -1,4 +1,4 @@
-"""``signalbox proposals list|show|approve|reject``: proposals through the gateway's API.
+"""``signalbox proposals list|show|approve|reject``: proposals through the SDK's ``Client``.
 
 Exit status 0 when the request did what was asked, 1 when the proposal is not found, is
 in conflict, or the gateway refused (the message on stderr says which).
@@ -10,7 +10,7 @@ import sys
 from typing import TextIO
 
 from signalbox.chat_render import proposal_list_line, render_proposal
-from signalbox.gateway_api import ApiError, Conflict, ProposalsApi
+from signalbox.client import Client, Conflict, SignalboxError
 
 
 def _print_lines(lines: list[str], out: TextIO) -> None:
@@ -19,33 +19,31 @@ def _print_lines(lines: list[str], out: TextIO) -> None:
 
 
 def run_proposals(
-    api: ProposalsApi,
+    client: Client,
     action: str,
     proposal_id: str | None = None,
     reason: str | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
-    """Do one ``proposals`` action; the exit status."""
+    """Do one ``proposals`` action with ``client`` (closed afterwards); the exit status."""
     out = out or sys.stdout
     err = err or sys.stderr
     try:
         if action == "list":
-            pending = api.pending()
+            pending = client.pending_proposals()
             if not pending:
                 print("no pending proposals", file=out)
             for proposal in pending:
-                print(proposal_list_line(proposal), file=out)
+                print(proposal_list_line(proposal.model_dump(mode="json")), file=out)
             return 0
         assert proposal_id is not None, f"{action!r} needs a proposal id"
         if action == "show":
-            _print_lines(render_proposal(api.get(proposal_id)), out)
+            _print_lines(render_proposal(client.proposal(proposal_id).model_dump(mode="json")), out)
         elif action == "approve":
-            proposal = api.approve(proposal_id)
-            print(f"proposal {proposal_id}: {proposal.get('status')}", file=out)
+            print(f"proposal {proposal_id}: {client.approve(proposal_id).status}", file=out)
         elif action == "reject":
-            proposal = api.reject(proposal_id, reason)
-            print(f"proposal {proposal_id}: {proposal.get('status')}", file=out)
+            print(f"proposal {proposal_id}: {client.reject(proposal_id, reason).status}", file=out)
         else:
             raise AssertionError(f"unknown proposals action {action!r}")  # argparse allows no other
         return 0
@@ -55,8 +53,8 @@ def run_proposals(
         if exc.body.get("files"):
             _print_lines(render_proposal(exc.body), err)
         return 1
-    except ApiError as exc:
+    except SignalboxError as exc:
         print(f"signalbox: {exc}", file=err)
         return 1
     finally:
-        api.close()
+        client.close()

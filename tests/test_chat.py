@@ -15,12 +15,15 @@ from typing import Any
 import pytest
 import redis
 from websockets.asyncio.server import ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
 
 from shared.event_stream import EventStream
 from shared.redis_keys import RedisKeys
-from signalbox.chat import ChatClient, ChatOptions, EventTracker, Prompt
+from signalbox.chat import ChatClient, ChatOptions, Prompt
 from signalbox.chat_render import Renderer, render_proposal, short_input
-from signalbox.gateway_api import ApiError, ProposalsApi, resolve_token, ws_url
+from signalbox.client import ws_url
+from signalbox.gateway_api import ApiError, resolve_token
 from signalbox.stack import Stack
 
 CHAT_TIMEOUT_S = 90
@@ -194,27 +197,35 @@ def test_token_and_url_resolution(tmp_path: Path) -> None:
 # -- resuming --------------------------------------------------------------------------------
 
 
-def test_tracker_drops_repeats_and_remembers_where_to_resume() -> None:
-    tracker = EventTracker()
-    events = a_turn()
-    assert [tracker.accept(e) for e in events[:4]] == [True] * 4
-    assert tracker.resume_after("conv_1") == "4-0"
-    # A replay that overlaps what already arrived: only the new ones pass, once.
-    replay = events[2:7]
-    assert [tracker.accept(e) for e in replay] == [False, False, True, True, True]
-    assert tracker.accept(events[6]) is False
-    # Ids compare as stream ids, not strings: "10-0" comes after "9-0".
-    assert tracker.accept(events[8]) and tracker.accept(events[9])
-    assert tracker.resume_after("conv_1") == "10-0"
-    other = {**events[0], "conversation_id": "conv_2"}
-    assert tracker.accept(other) and tracker.resume_after("conv_2") == "1-0"
-
-
 class ScriptedGateway:
-    """A WebSocket server that drops the first connection mid-turn and overlaps the replay."""
+    """A WebSocket server that drops the first connection mid-turn and overlaps the replay;
+    over plain HTTP it answers the proposal the chat fetches to show its diff."""
 
     def __init__(self) -> None:
         self.frames: list[list[dict[str, Any]]] = []  # what the client sent, per connection
+
+    def http(self, _connection: ServerConnection, request: Request) -> Response | None:
+        if not request.path.startswith("/api/proposals/"):
+            return None  # the WebSocket handshake
+        proposal_id = request.path.rsplit("/", 1)[-1]
+        body = {
+            "proposal_id": proposal_id,
+            "conversation_id": "conv_1",
+            "turn_id": "turn_1",
+            "call_id": "call_1",
+            "workspace": "default",
+            "summary": "create hello.txt",
+            "created_at": "2030-01-01T00:00:00Z",
+            "status": "pending",
+            "version": 1,
+            "decided_at": None,
+            "decided_by": None,
+            "reason": None,
+            "parent_id": None,
+            "files": [],
+        }
+        headers = Headers({"Content-Type": "application/json"})
+        return Response(200, "OK", headers, json.dumps(body).encode())
 
     async def handler(self, ws: ServerConnection) -> None:
         received: list[dict[str, Any]] = []
@@ -245,23 +256,16 @@ class ScriptedGateway:
                     await ws.send(json.dumps(e))
 
 
-class NoProposals(ProposalsApi):
-    """Stands in for the gateway's HTTP side, which this socket-only test has no server for."""
-
-    def get(self, proposal_id: str) -> dict[str, Any]:
-        return {"proposal_id": proposal_id, "status": "pending", "summary": "s", "files": []}
-
-
 def test_client_reconnects_resubscribes_from_its_last_id_and_prints_each_event_once() -> None:
     server = ScriptedGateway()
 
     async def scenario() -> tuple[int, str]:
-        async with serve(server.handler, "127.0.0.1", 0) as ws_server:
+        async with serve(server.handler, "127.0.0.1", 0, process_request=server.http) as ws_server:
             port = ws_server.sockets[0].getsockname()[1]
             url = f"http://127.0.0.1:{port}"
             out = io.StringIO()
             options = ChatOptions(url=url, token="t", policy="leave", timeout_s=20)
-            client = ChatClient(options, out, api=NoProposals(url, "t"))
+            client = ChatClient(options, out)
             code = await client.run_once("create hello.txt")
             return code, out.getvalue()
 
@@ -273,7 +277,8 @@ def test_client_reconnects_resubscribes_from_its_last_id_and_prints_each_event_o
     assert subscribe == {**subscribe, "conversation_id": "conv_1", "after": "5-0"}
     # The unanswered-at-drop turn was acked, so it is not resent.
     assert not [f for f in second if f["type"] == "user_turn"]
-    assert "(reconnected" in output
+    assert "(reconnected" in output and "(connection lost" in output
+    assert "proposal prop_1 [pending]: create hello.txt" in output  # fetched over HTTP
     for line in ("you: create hello.txt", "I will write it.", "-> write_file", "== turn completed"):
         assert output.count(line) == 1, output
 
@@ -282,14 +287,13 @@ def test_typed_lines_answer_open_prompts_in_order() -> None:
     async def scenario() -> tuple[list[dict[str, Any]], str]:
         out = io.StringIO()
         client = ChatClient(ChatOptions(url="http://127.0.0.1:9", token="t"), out)
-        client.api.close()
         assert client.ready_for_input()
         client.open_prompt(Prompt("proposal", "prop_1", "approve proposal prop_1? [y/n]"))
         client.open_prompt(Prompt("tool", "call_1", "allow run_python? [a]llow/[d]eny"))
         client.open_prompt(Prompt("question", "q_1", "your answer:"))
         for line in ("maybe", "y", "deny", "blue, please"):
-            await client.answer(line)  # no socket: frames wait in ``inflight`` to be sent
-        sent = [{k: v for k, v in f.items() if k != "req"} for f in client.state.inflight.values()]
+            await client.answer(line)  # no socket: requests wait in ``inflight`` to be sent
+        sent = list(client.state.inflight.values())
         return sent, out.getvalue()
 
     sent, output = asyncio.run(scenario())
@@ -367,8 +371,7 @@ def test_a_socket_killed_mid_turn_resumes_without_losing_or_repeating_events(
     def watch(frame: dict[str, Any]) -> None:
         accepted.append(frame)
         if frame["kind"] == "tool_call_started" and client.connections == 1:
-            assert client.connection is not None
-            client.connection.transport.abort()  # the network drops: no close frame
+            client.ws.abort()  # the network drops: no close frame
 
     client.on_event = watch
     code = asyncio.run(client.run_once("look around"))

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from signalbox.chat import ChatClient, ChatOptions, Prompt
+from signalbox.client import ProposalAck
 from signalbox.gateway_api import DEFAULT_GATEWAY_URL, resolve_url
 from signalbox.redis_server import free_port
 from signalbox.stack import Stack
@@ -31,9 +32,7 @@ UP_TIMEOUT_S = 90.0
 
 
 def _offline_client(out: io.StringIO) -> ChatClient:
-    client = ChatClient(ChatOptions(url="http://127.0.0.1:9", token="t"), out)
-    client.api.close()
-    return client
+    return ChatClient(ChatOptions(url="http://127.0.0.1:9", token="t"), out)
 
 
 async def _until(predicate: Callable[[], bool], what: str) -> None:
@@ -44,7 +43,7 @@ async def _until(predicate: Callable[[], bool], what: str) -> None:
 
 
 def _sent(client: ChatClient) -> list[dict[str, object]]:
-    return [{k: v for k, v in f.items() if k != "req"} for f in client.state.inflight.values()]
+    return list(client.state.inflight.values())  # requests awaiting their reply
 
 
 def test_a_line_typed_while_a_turn_runs_is_kept_as_a_message_not_taken_as_an_answer() -> None:
@@ -107,9 +106,8 @@ def test_a_rejection_is_spelled_rejected() -> None:
     async def scenario() -> str:
         out = io.StringIO()
         client = _offline_client(out)
-        frame = {"type": "decide_proposal", "proposal_id": "prop_1", "decision": "reject"}
-        client.state.inflight["c1"] = frame
-        await client._reply({"type": "ack", "req": "c1", "status": "rejected"})
+        sent = {"type": "decide_proposal", "proposal_id": "prop_1", "decision": "reject"}
+        await client._replied(sent, ProposalAck(proposal_id="prop_1", status="rejected"))
         return out.getvalue()
 
     assert asyncio.run(scenario()) == "** proposal prop_1 rejected: now rejected\n"
