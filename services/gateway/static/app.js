@@ -852,12 +852,19 @@ function newConversation() {
   state.awaitingNew = false;
   resetView();
   $("conv-title").textContent = "New conversation";
-  $("conv-workspace").textContent = `workspace ${$("workspace").value || "default"}`;
+  showNewConversationTarget();
   endRename();
   renderConversationList();
   closeDrawers();
   $("text").focus();
 }
+
+function showNewConversationTarget() {
+  const agent = $("agent").value;
+  $("conv-workspace").textContent = `workspace ${$("workspace").value || "default"}` + (agent ? ` · agent ${agent}` : "");
+}
+$("agent").addEventListener("change", () => { if (!state.conversationId) showNewConversationTarget(); });
+$("workspace").addEventListener("change", () => { if (!state.conversationId) showNewConversationTarget(); });
 
 // The URL names the open conversation: #/c/<id>; anything else is a new one.
 function routeId() {
@@ -929,6 +936,22 @@ $("archive").addEventListener("click", async () => {
   newConversation();
   await loadConversations();
 });
+
+// -- agents: which one a new conversation runs as ----------------------------------------------
+
+async function loadAgents() {
+  const agents = await api("GET", "/api/agents");
+  const pick = $("agent");
+  const keep = pick.value;
+  pick.replaceChildren(el("option", null, "default"), ...agents.map((a) => {
+    const mode = a.config && a.config.mode === "chat" ? " (chat)" : "";
+    const o = el("option", null, `${a.name}${mode}${a.scope === "deployment" ? "" : " · mine"}`);
+    o.value = a.name;
+    return o;
+  }));
+  pick.firstChild.value = "";
+  pick.value = agents.some((a) => a.name === keep) ? keep : "";
+}
 
 // -- workspaces ----------------------------------------------------------------------------
 
@@ -1005,7 +1028,10 @@ $("composer").addEventListener("submit", (ev) => {
   const text = $("text").value.trim();
   if (!text || attachments.busy()) return;
   const frame = { type: "user_turn", conversation_id: state.conversationId, text, client_turn_id: crypto.randomUUID() };
-  if (!state.conversationId) frame.workspace = $("workspace").value || undefined;
+  if (!state.conversationId) {
+    frame.workspace = $("workspace").value || undefined;
+    frame.agent = $("agent").value || undefined;  // binds the new conversation for good
+  }
   if (attachments.ids().length) frame.attachments = attachments.ids();
   const sent = send(frame);
   if (sent) { $("text").value = ""; attachments.clear(); if (!state.conversationId) state.awaitingNew = true; state.stick = true; }
@@ -1060,7 +1086,7 @@ async function start() {
   }
   applyRoute();
   connect();
-  await Promise.all([loadConversations(), loadWorkspaces(), loadInbox()]).catch(() => {});
+  await Promise.all([loadConversations(), loadWorkspaces(), loadAgents(), loadInbox()]).catch(() => {});
   if (state.conversationId) $("conv-title").textContent = conversationTitle(state.conversationId);
   setInterval(() => { if (!state.rejected) loadConversations().catch(() => {}); }, 15_000);
 }

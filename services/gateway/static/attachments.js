@@ -3,7 +3,8 @@
 // next user_turn carries their ids. A turn's chips come back in its turn_queued event.
 
 const $ = (id) => document.getElementById(id);
-const KIND_ICON = { image: "🖼", pdf: "📄", text: "📝" };
+// A short kind label, not an emoji: it reads the same on every system, fonts or not.
+const KIND_LABEL = { image: "IMG", pdf: "PDF", text: "TXT" };
 
 /** A human size: 812 B, 14.2 KB, 3.1 MB. */
 function size(bytes) {
@@ -20,7 +21,7 @@ export function chip(a, onRemove) {
   c.title = a.upload_id ? `${a.name} (${a.kind}, ${size(a.size)})` : a.name;
   const icon = document.createElement("span");
   icon.className = "chip-kind";
-  icon.textContent = KIND_ICON[a.kind] || "…";
+  icon.textContent = KIND_LABEL[a.kind] || "FILE";
   icon.setAttribute("aria-hidden", "true");
   const name = document.createElement("span");
   name.className = "chip-name";
