@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import cost, gateway_load, load, report, tool_calls, tool_overhead, turns
+from bench import cost, gateway_load, load, plans, report, tool_calls, tool_overhead, turns
 from bench.environment import BenchEnv
 from bench.profiling import SAMPLE_RATE_HZ, recording
 from bench.stats import Result
@@ -79,6 +79,7 @@ BENCHMARKS: dict[str, Benchmark] = {
             "tools1": TOOLS_FOCUS,
         },
     ),
+    "plans": Benchmark(lambda env, o: plans.plans(env, o.rounds, o.warmup), 5, 1),
     "timeout": Benchmark(lambda env, o: tool_calls.timeout(env, o.rounds, o.warmup), 5, 1),
     "dispatch": Benchmark(
         lambda env, o: tool_calls.dispatch(env, o.rounds, o.warmup),

@@ -103,6 +103,8 @@ class BenchEnv:
                 "SIGNALBOX_TEST_TOOLS": "1",
                 # One bench user sends far more frames than a person would.
                 "SIGNALBOX_RATE_LIMIT_PER_MINUTE": "100000000",
+                "SIGNALBOX_RATE_LIMIT_TURNS": "100000000/minute",
+                "SIGNALBOX_RATE_LIMIT_DECISIONS": "100000000/minute",
                 "PYTHONPATH": str(REPO),
             },
         )

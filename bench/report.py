@@ -27,6 +27,7 @@ ORDER = [
     "relay",
     "connections",
     "turn",
+    "plans",
     "first_event",
     "throughput",
     "load",

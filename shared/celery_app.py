@@ -21,6 +21,10 @@ SANDBOX_QUEUE = "tools.sandbox"
 
 RUN_TURN_TASK = "orchestrator.run_turn"
 RUN_TOOL_TASK = "tools.run_tool"
+# The scheduler (services/scheduler/): gateway and orchestrator ask it to re-read a row.
+SCHEDULER_QUEUE = "scheduler"
+SYNC_SCHEDULE_TASK = "scheduler.sync_schedule"
+SYNC_ALARM_TASK = "scheduler.sync_alarm"
 
 
 # kombu looks for messages unacknowledged past the visibility timeout only every

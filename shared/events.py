@@ -29,11 +29,18 @@ EventKind = Literal[
     "thinking_delta",  # added: extended thinking, as it streams
     "context_compacted",  # added: older turns folded into a compaction note
     "tools_selected",  # added: the agent's planner chose the tools of this turn
+    "plan_started",  # added: a run_plan call's steps, before any runs
+    "plan_step",  # added: one plan step moved (running, then how it ended)
+    "plan_finished",  # added: every step of a run_plan call ended
+    "budget_warning",  # added: the user's token budget passed its soft threshold
 ]
 
 ToolCallStatus = Literal["ok", "error", "timeout", "denied", "cancelled", "lost"]
 # "timed_out" (added): the turn's wall-clock limit passed.
-TurnStatus = Literal["completed", "cancelled", "failed", "step_limit", "timed_out"]
+# "budget_exceeded" (added): the user's token budget ran out; the turn's last step finished.
+TurnStatus = Literal[
+    "completed", "cancelled", "failed", "step_limit", "timed_out", "budget_exceeded"
+]
 # "cancelled": withdrawn because the turn that proposed it was cancelled (added).
 ProposalStatus = Literal["pending", "applied", "rejected", "conflict", "expired", "cancelled"]
 FileOperation = Literal["create", "update", "delete"]
@@ -177,10 +184,48 @@ class ToolsSelected(_Data):
     fallback: bool  # the planner gave no usable answer: every tool is offered
 
 
+class BudgetWarningData(_Data):
+    period: Literal["day", "month"]
+    limit_tokens: int
+    used_tokens: int
+    threshold: float  # the fraction of the budget that, once used, warns (once per period)
+    resets_at: str  # RFC 3339: when the period's budget starts again
+
+
 class ContextCompacted(_Data):
     turns_folded: int  # the older turns the compaction note replaces in what is sent
     tokens_before: int
     tokens_after: int
+
+
+PlanStepStatus = Literal["planned", "running", "ok", "error", "timeout", "skipped", "cancelled"]
+
+
+class PlannedStep(BaseModel):
+    """A step as ``plan_started`` lists it."""
+
+    save_as: str
+    tool: str
+    depends_on: list[str]  # the steps whose outputs its input refers to
+    level: int  # 0: depends on none; else one more than its deepest dependency
+
+
+class PlanStarted(_Data):
+    call_id: str  # the run_plan call
+    steps: list[PlannedStep]
+
+
+class PlanStepChanged(_Data):
+    call_id: str  # the run_plan call
+    save_as: str
+    status: PlanStepStatus
+    step_call_id: str | None = None  # the step's own tool call, once it has one
+    error: str | None = None
+
+
+class PlanFinished(_Data):
+    call_id: str
+    steps: dict[str, int]  # how many steps ended in each status
 
 
 # -- builders: each payload that more than one place emits is put together here, once ------
@@ -274,6 +319,10 @@ EVENT_DATA: dict[str, type[_Data]] = {
     "thinking_delta": ThinkingDelta,
     "context_compacted": ContextCompacted,
     "tools_selected": ToolsSelected,
+    "plan_started": PlanStarted,
+    "plan_step": PlanStepChanged,
+    "plan_finished": PlanFinished,
+    "budget_warning": BudgetWarningData,
 }
 
 

@@ -22,6 +22,9 @@ ErrorCode = Literal[
     "internal",
     "too_large",
     "unsupported_type",
+    "budget_exceeded",  # added: the user's token budget for the period is used up
+    "quota_exceeded",  # added: the user holds as many of a stored thing as allowed
+    "forbidden",  # added: an admin-only route called by a user who is not an admin
 ]
 
 CLIENT_FRAME_TYPES = (

@@ -74,8 +74,49 @@ class GatewaySettings(_NeedsInternalToken):
     heartbeat_s: float = 15.0
     ws_idle_timeout_s: float = 300.0  # close 1001 when the client sent nothing for this long
     client_queue_size: int = 1000  # events buffered per socket before a slow reader is closed
-    rate_limit_per_minute: int = 600
+    rate_limit_per_minute: int = 600  # WebSocket frames of any type, per user
+    # Per-user limits per class of action, in the `limits` notation ("30/minute",
+    # "1000/day"), counted in Redis over a moving window by every gateway together
+    # (services/gateway/rate_limit.py); a request over one is 429 / `rate_limited`.
+    rate_limit_turns: str = "60/minute"  # turns submitted (HTTP, WebSocket, AG-UI)
+    rate_limit_decisions: str = "600/minute"  # tool/proposal decisions, answers, cancels
+    rate_limit_tickets: str = "60/minute"  # WebSocket/SSE tickets
+    rate_limit_uploads: str = "60/minute"
+    rate_limit_writes: str = "120/minute"  # every other mutating route (creations, edits)
+    # Per-user quotas on stored things (services/gateway/quotas.py); an admin may set a
+    # user's own. Past one a creation is refused `quota_exceeded`, nothing written.
+    quota_conversations: int = Field(default=10_000, ge=0)  # not archived
+    quota_workspaces: int = Field(default=100, ge=0)
+    quota_uploads: int = Field(default=10_000, ge=0)
+    quota_upload_bytes: int = Field(default=1024**3, ge=0)
     busy_policy: Literal["enqueue", "reject", "interrupt"] = "enqueue"
+    # Webhooks (docs/hooks.md): a URL resolving to a private, loopback or link-local address
+    # is refused at registration and at each delivery unless this allows it; a delivery is
+    # tried this many times, with a backoff doubling from webhook_backoff_s.
+    webhook_allow_private: bool = False
+    webhook_max_attempts: int = Field(default=8, ge=1)
+    webhook_backoff_s: float = Field(default=2.0, gt=0)
+    webhook_timeout_s: float = Field(default=10.0, gt=0)
+    webhook_poll_s: float = Field(default=1.0, gt=0)  # how often due deliveries are looked for
+
+    @field_validator(
+        "rate_limit_turns",
+        "rate_limit_decisions",
+        "rate_limit_tickets",
+        "rate_limit_uploads",
+        "rate_limit_writes",
+    )
+    @classmethod
+    def _rate_limit(cls, value: str) -> str:
+        from limits import parse  # only the gateway's settings have these
+
+        try:
+            parse(value)
+        except ValueError:
+            raise ValueError(
+                f"expected a rate limit such as '30/minute' or '1000 per day', got {value!r}"
+            ) from None
+        return value
 
 
 class OrchestratorSettings(CommonSettings):
@@ -109,12 +150,18 @@ class OrchestratorSettings(CommonSettings):
     subagent_max_steps: int = 5  # model steps of one spawn_agent child turn
     # Wall-clock limit of one turn (an agent may set its own): the turn then ends timed_out.
     turn_timeout_s: float = Field(default=1800.0, gt=0)
+    # The share of a user's token budget that, once used, sends budget_warning (once per
+    # period); the budgets themselves are per user, in SQL (shared/db/budgets.py).
+    budget_warn_fraction: float = Field(default=0.8, gt=0, le=1)
     # Model cost (docs/operations.md, "Model cost"): the TTL of every prompt-cache breakpoint,
     # the price table (services/orchestrator/prices.toml when unset), and whether the context
     # budget asks the Messages API to count tokens ("api") or estimates them ("estimate").
     prompt_cache_ttl: Literal["5m", "1h"] = "5m"
     price_file: Path | None = None
     token_counting: Literal["api", "estimate"] = "api"
+    # Extension hooks (services/orchestrator/hooks.py): ``pkg.mod:object`` targets besides
+    # the ``signalbox.hooks`` entry points; a target that does not load stops start-up.
+    hook_modules: list[str] = Field(default_factory=list)
 
 
 class McpServerSettings(BaseModel):

@@ -13,7 +13,7 @@ from enum import StrEnum
 
 class TurnState(StrEnum):
     """``turns.status``: queued → running ⇄ parked → completed | cancelled | failed | step_limit
-    | timed_out."""
+    | timed_out | budget_exceeded."""
 
     QUEUED = "queued"
     RUNNING = "running"
@@ -23,6 +23,7 @@ class TurnState(StrEnum):
     FAILED = "failed"
     STEP_LIMIT = "step_limit"
     TIMED_OUT = "timed_out"  # the turn's wall-clock limit passed (added)
+    BUDGET_EXCEEDED = "budget_exceeded"  # the user's token budget ran out mid-turn (added)
 
 
 # A turn that may still do something: it holds the conversation's turn slot.
@@ -58,3 +59,16 @@ class Executor(StrEnum):
     SERVER = "server"  # a tool worker
     CLIENT = "client"  # the user's client (a client tool)
     INLINE = "inline"  # the orchestrator itself (ask_user)
+
+
+class PlanStepState(StrEnum):
+    """``plan_steps.status`` (added): planned → running → ok | error | timeout | skipped
+    (| cancelled)."""
+
+    PLANNED = "planned"
+    RUNNING = "running"
+    OK = "ok"
+    ERROR = "error"  # the call ended error, denied, cancelled or lost, or a reference missed
+    TIMEOUT = "timeout"
+    SKIPPED = "skipped"  # a step it depends on did not end ok: it never ran
+    CANCELLED = "cancelled"  # (added) the turn ended (cancelled, timed out…) while it ran

@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
 
-from shared.db import ApiToken, User, make_engine, make_session_factory
+from shared.db import ApiToken, User, UserLimits, make_engine, make_session_factory
 from shared.db.users import create_user, issue_token, revoke_tokens
 
 
@@ -31,6 +31,7 @@ class UserRow:
     user_id: str
     created_at: datetime
     live_tokens: int
+    is_admin: bool = False
 
 
 def safe_url(database_url: str) -> str:
@@ -78,13 +79,14 @@ def _user_named(session: Session, name: str) -> User:
     return user
 
 
-def add_user(database_url: str, name: str) -> str:
-    """Create user ``name`` and return its first token."""
+def add_user(database_url: str, name: str, is_admin: bool = False) -> str:
+    """Create user ``name`` (an admin if ``is_admin``) and return its first token."""
     if not name.strip() or len(name) > 100:
         raise AdminError(f"expected a user name of 1-100 characters, got {name!r}")
     try:
         with session_for(database_url) as session:
-            _user, token = create_user(session, name)
+            user, token = create_user(session, name)
+            user.is_admin = is_admin
             return token
     except IntegrityError:
         raise AdminError(f"a user named {name!r} already exists") from None
@@ -102,6 +104,29 @@ def revoke_user_tokens(database_url: str, name: str) -> int:
         return revoke_tokens(session, _user_named(session, name))
 
 
+def set_admin(database_url: str, name: str, is_admin: bool) -> None:
+    """Give user ``name`` the admin role, or take it away."""
+    with session_for(database_url) as session:
+        _user_named(session, name).is_admin = is_admin
+
+
+def set_budget(
+    database_url: str, name: str, day_tokens: int | None, month_tokens: int | None
+) -> None:
+    """Set user ``name``'s token budgets per UTC day and month (None: no budget)."""
+    for value in (day_tokens, month_tokens):
+        if value is not None and value < 0:
+            raise AdminError(f"expected a budget of 0 tokens or more, got {value}")
+    with session_for(database_url) as session:
+        user = _user_named(session, name)
+        limits = session.get(UserLimits, user.id)
+        if limits is None:
+            limits = UserLimits(user_id=user.id)
+            session.add(limits)
+        limits.day_tokens = day_tokens
+        limits.month_tokens = month_tokens
+
+
 def list_users(database_url: str) -> list[UserRow]:
     """Every user with the number of its live tokens, oldest first."""
     live = (
@@ -117,6 +142,12 @@ def list_users(database_url: str) -> list[UserRow]:
             .order_by(User.created_at, User.name)
         ).all()
         return [
-            UserRow(name=u.name, user_id=u.id, created_at=u.created_at, live_tokens=int(n))
+            UserRow(
+                name=u.name,
+                user_id=u.id,
+                created_at=u.created_at,
+                live_tokens=int(n),
+                is_admin=u.is_admin,
+            )
             for u, n in rows
         ]

@@ -57,8 +57,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     users = sub.add_parser("users", help="manage users and their API tokens")
     users_sub = users.add_subparsers(dest="users_command", required=True, metavar="ACTION")
-    add = users_sub.add_parser("add", help="create a user and print its token")
+    add = users_sub.add_parser("add", aliases=["create"], help="create a user and print its token")
     add.add_argument("name")
+    add.add_argument("--admin", action="store_true", help="with the admin role")
+    set_admin = users_sub.add_parser("set-admin", help="give a user the admin role (or --off)")
+    set_admin.add_argument("name")
+    set_admin.add_argument("--off", action="store_true", help="take the admin role away")
+    set_budget = users_sub.add_parser(
+        "set-budget", help="set a user's token budgets per UTC day / month"
+    )
+    set_budget.add_argument("name")
+    set_budget.add_argument(
+        "--day", type=_budget, default=None, help="tokens per UTC day ('none': no budget)"
+    )
+    set_budget.add_argument(
+        "--month", type=_budget, default=None, help="tokens per calendar month ('none': none)"
+    )
     users_sub.add_parser("list", help="list users and how many live tokens each has")
     revoke = users_sub.add_parser("revoke", help="revoke every token of a user")
     revoke.add_argument("name")
@@ -116,7 +130,25 @@ def build_parser() -> argparse.ArgumentParser:
     from signalbox.agents_cli import add_arguments as add_agents
 
     add_agents(sub)
+    from signalbox.webhooks_cli import add_arguments as add_webhooks
+
+    add_webhooks(sub, _client_options)
+    from signalbox.schedules_cli import add_arguments as add_schedules
+
+    add_schedules(sub, _client_options)
     return parser
+
+
+def _budget(value: str) -> int | None:
+    """A budget argument: a number of tokens, or ``none``."""
+    if value.strip().lower() == "none":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of tokens or 'none', got {value!r}"
+        ) from None
 
 
 def _database_url() -> str:
@@ -125,8 +157,16 @@ def _database_url() -> str:
 
 def _users(args: argparse.Namespace) -> int:
     url = _database_url()
-    if args.users_command == "add":
-        print(admin.add_user(url, args.name))
+    if args.users_command in ("add", "create"):
+        print(admin.add_user(url, args.name, args.admin))
+    elif args.users_command == "set-admin":
+        admin.set_admin(url, args.name, not args.off)
+        print(f"{args.name!r} is {'no longer ' if args.off else ''}an admin")
+    elif args.users_command == "set-budget":
+        admin.set_budget(url, args.name, args.day, args.month)
+        day = "none" if args.day is None else args.day
+        month = "none" if args.month is None else args.month
+        print(f"budgets of {args.name!r}: day {day}, month {month} (tokens)")
     elif args.users_command == "token":
         print(admin.new_token(url, args.name))
     elif args.users_command == "revoke":
@@ -139,7 +179,11 @@ def _users(args: argparse.Namespace) -> int:
         width = max((len(r.name) for r in rows), default=4)
         for r in rows:
             created = r.created_at.strftime("%Y-%m-%d %H:%M")
-            print(f"{r.name:<{width}}  {r.user_id}  created {created}  live tokens {r.live_tokens}")
+            role = "  admin" if r.is_admin else ""
+            print(
+                f"{r.name:<{width}}  {r.user_id}  created {created}  "
+                f"live tokens {r.live_tokens}{role}"
+            )
     return 0
 
 
@@ -230,6 +274,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return Client(resolve_url(args.url), resolve_token(args.token))
 
             return run_agents(args, _database_url, client)
+        if args.command == "webhooks":
+            from signalbox.client import Client
+            from signalbox.webhooks_cli import run_webhooks
+
+            return run_webhooks(Client(resolve_url(args.url), resolve_token(args.token)), args)
+        if args.command in ("schedules", "alarms"):
+            from signalbox.client import Client
+            from signalbox.schedules_cli import run_schedules
+
+            return run_schedules(Client(resolve_url(args.url), resolve_token(args.token)), args)
     except (admin.AdminError, SettingsError, ApiError) as exc:
         print(f"signalbox: {exc}", file=sys.stderr)
         return 1

@@ -161,6 +161,7 @@ class ServiceCommands:
     host: str = "127.0.0.1"
     tools_concurrency: int = 4
     orchestrator_concurrency: int = 8
+    scheduler_concurrency: int = 2
 
     def gateway(self, port: int) -> list[str]:
         # Its own entry point, not the uvicorn command: the server's read limits come from
@@ -178,6 +179,16 @@ class ServiceCommands:
             "celery", "-A", "services.orchestrator.worker:app", "worker",
             "-Q", "orchestrator", "--pool", "threads",
             "-c", str(self.orchestrator_concurrency), "-n", name, "--without-gossip",
+            "--without-mingle", "--loglevel", "INFO",
+        )  # fmt: skip
+
+    def scheduler(self, name: str) -> list[str]:
+        # A worker with an embedded beat (-B): RedBeat's Redis lock lets any number of them
+        # run with one beat ticking (services/scheduler/worker.py).
+        return python_module(
+            "celery", "-A", "services.scheduler.worker:app", "worker", "-B",
+            "-Q", "scheduler", "--pool", "threads",
+            "-c", str(self.scheduler_concurrency), "-n", name, "--without-gossip",
             "--without-mingle", "--loglevel", "INFO",
         )  # fmt: skip
 

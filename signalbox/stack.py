@@ -43,7 +43,7 @@ class StackConfig:
 
 
 class Stack:
-    """The four services of one deployment, started and stopped together."""
+    """The services of one deployment, started and stopped together."""
 
     def __init__(self, config: StackConfig) -> None:
         self.config = config
@@ -105,6 +105,11 @@ class Stack:
         child.wait_ready(log_contains(child, " ready."))
         return child
 
+    def start_scheduler(self, name: str = "scheduler") -> Child:
+        child = self._child(name, self.commands.scheduler(f"{name}@%h"))
+        child.wait_ready(log_contains(child, " ready."))
+        return child
+
     def start_tools_worker(self, name: str, queues: str = "tools,tools.sandbox") -> Child:
         child = self._child(name, self.commands.tools(f"{name}@%h", queues))
         child.wait_ready(log_contains(child, " ready."))
@@ -120,6 +125,7 @@ class Stack:
                 self.start_tools_worker(f"tools{i + 1}")
             for i in range(self.config.orchestrators):
                 self.start_orchestrator(f"orchestrator{i + 1}")
+            self.start_scheduler()
         except BaseException:
             self.stop()
             raise

@@ -267,7 +267,9 @@ def run_up(options: UpOptions, out: TextIO = sys.stdout) -> int:
                 },
             )
         )
-        print("signalbox: starting proposals, gateway, tools, orchestrator ...", file=out)
+        print(
+            "signalbox: starting proposals, gateway, tools, orchestrator, scheduler ...", file=out
+        )
         try:
             stack.start()
         except StartError as exc:

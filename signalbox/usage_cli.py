@@ -6,12 +6,14 @@ directly (every user's requests), where ``GET /api/usage`` shows a user only the
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlalchemy import select
 
-from shared.db import User
+from shared.db import User, UserLimits
+from shared.db.budgets import budget_states
 from shared.db.usage import GroupBy, UsageSum, summarize
+from shared.timestamps import rfc3339
 from signalbox.admin import AdminError, session_for
 
 HEADER = ("requests", "input", "cache write", "cache read", "output", "cost USD")
@@ -56,6 +58,26 @@ def usage_table(
     return rows
 
 
+def budget_lines(
+    database_url: str, user_name: str | None = None, now: datetime | None = None
+) -> list[str]:
+    """One line per budget set (of ``user_name``, else of every user): used / limit."""
+    moment = now or datetime.now(UTC)
+    with session_for(database_url) as session:
+        query = select(User.id, User.name).join(UserLimits, UserLimits.user_id == User.id)
+        if user_name is not None:
+            query = query.where(User.name == user_name)
+        lines = []
+        for user_id, name in session.execute(query.order_by(User.name)).all():
+            for state in budget_states(session, user_id, moment):
+                over = "  EXCEEDED" if state.exceeded else ""
+                lines.append(
+                    f"budget {name}: {state.used_tokens} / {state.limit_tokens} tokens this "
+                    f"{state.period}, resets {rfc3339(state.resets_at)}{over}"
+                )
+    return lines
+
+
 def run_usage(
     database_url: str,
     group_by: GroupBy = "user",
@@ -69,4 +91,6 @@ def run_usage(
         numbers = [c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
         cells = [r[0].ljust(widths[0]), *numbers]
         print("  ".join(cells).rstrip())
+    for line in budget_lines(database_url, user_name):
+        print(line)
     return 0

@@ -38,6 +38,7 @@ SETTINGS_OF: dict[str, type[BaseSettings]] = {
     "orchestrator": OrchestratorSettings,
     "tools": ToolsSettings,
     "tools-sandbox": ToolsSettings,
+    "scheduler": CommonSettings,
 }
 ENTRY_POINT = re.compile(r"\b((?:services|shared|signalbox)(?:\.\w+)+):(\w+)\b")
 # `python -m services.gateway.app`: a module of ours run as a program, through its main().
@@ -124,7 +125,7 @@ def test_every_entry_point_exists(services: dict[str, dict[str, Any]]) -> None:
                 check_entry_point(module, "main")
                 found.append((name, module))
     named = {name for name, _ in found}
-    assert {"gateway", "proposals", "orchestrator", "tools"} <= named
+    assert {"gateway", "proposals", "orchestrator", "tools", "scheduler"} <= named
 
 
 def test_signalbox_subcommands_are_known_to_the_cli(services: dict[str, dict[str, Any]]) -> None:
@@ -160,6 +161,7 @@ def test_commands_match_signalbox_up(services: dict[str, dict[str, Any]]) -> Non
         # compose splits the two tool queues: run_python's workers get their own privileges
         "tools": commands.tools("tools@%h", "tools"),
         "tools-sandbox": commands.tools("sandbox@%h", "tools.sandbox"),
+        "scheduler": commands.scheduler("scheduler@%h"),
     }
     for name, command in expected.items():
         assert _shape(_words(services[name]["command"])) == _shape(command), name

@@ -51,7 +51,7 @@ CUSTOM_PREFIX = "signalbox."  # CUSTOM events are named signalbox.<event kind>
 # the turn's turn_queued, so they only show up when a repeated run replays the stream.
 NOT_RUN_EVENTS = frozenset({"conversation_created", "turn_queued"})
 # Turn statuses that end the run with RUN_ERROR rather than RUN_FINISHED.
-ERROR_STATUSES = frozenset({"failed", "step_limit", "timed_out"})
+ERROR_STATUSES = frozenset({"failed", "step_limit", "timed_out", "budget_exceeded"})
 
 
 @dataclass(frozen=True)

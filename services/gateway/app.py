@@ -24,6 +24,7 @@ from services.gateway import redaction, ws
 from services.gateway.errors import GatewayError
 from services.gateway.routes import (
     activity,
+    admin,
     agents,
     agui,
     conversation_admin,
@@ -33,14 +34,17 @@ from services.gateway.routes import (
     interactions,
     me,
     proposals,
+    schedules,
     tickets,
     turns,
     ui,
     uploads,
     usage,
+    webhooks,
     workspaces,
 )
 from services.gateway.state import Gateway
+from services.gateway.webhook_deliverer import WebhookDeliverer
 from shared.body_limit import BodyLimit
 from shared.file_modes import keep_new_files_private
 from shared.settings import GatewaySettings, SettingsError, load
@@ -61,9 +65,12 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         gateway = Gateway.build(settings)
         app.state.gateway = gateway
+        deliverer = WebhookDeliverer(gateway.sessions, settings)  # webhooks, from SQL
+        deliverer.start()
         try:
             yield
         finally:
+            deliverer.stop()
             await gateway.aclose()
 
     # /docs and /redoc are served by ui.router from vendored assets (they work offline).
@@ -72,12 +79,15 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
         request.app.state.gateway.metrics.errors.labels(exc.code).inc()
-        return JSONResponse({"detail": exc.message, "code": exc.code}, exc.http_status)
+        return JSONResponse(
+            {"detail": exc.message, "code": exc.code}, exc.http_status, headers=exc.headers()
+        )
 
     for router in (
         health.router,
         agui.router,
         me.router,
+        admin.router,
         activity.router,
         files.router,
         conversation_admin.router,
@@ -92,6 +102,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         usage.router,
         uploads.router,
         agents.router,
+        webhooks.router,
+        schedules.router,
     ):
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=ui.STATIC_DIR), name="static")

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from services.gateway.agents import bind_agent
 from services.gateway.errors import NotFound
 from services.gateway.ownership import owned_conversation
+from services.gateway.quotas import Quotas
 from services.gateway.state import Gateway
 from services.gateway.workspaces import checked_workspace, ensure_workspace, make_workspace_dir
 from shared.db import Conversation, Message, Proposal, ToolCall, Turn, User
@@ -39,15 +40,25 @@ def conversation_json(conversation: Conversation) -> dict[str, Any]:
 
 
 def create_conversation(
-    session: Session, user_id: str, workspace: str | None, title: str, agent: str | None = None
+    session: Session,
+    user_id: str,
+    workspace: str | None,
+    title: str,
+    agent: str | None = None,
+    quotas: Quotas | None = None,
 ) -> Conversation:
     """A new conversation in ``workspace`` (None: the user's selected one), bound to the
-    newest version of ``agent`` (None: the deployment's default agent)."""
+    newest version of ``agent`` (None: the deployment's default agent); with ``quotas``,
+    refused (``QuotaExceeded``, nothing written) past the user's conversations or
+    workspaces."""
     if workspace is None:
         user = session.get(User, user_id)
         if user is None:
             raise NotFound(f"user {user_id!r} not found")
         workspace = user.selected_workspace
+    if quotas is not None:
+        quotas.reserve(session, user_id, "conversations")
+        quotas.reserve_workspace(session, user_id, checked_workspace(workspace))
     ensure_workspace(session, user_id, checked_workspace(workspace))
     conversation = Conversation(
         id=new_id("conv"), user_id=user_id, workspace=workspace, title=title[:200]
@@ -75,7 +86,9 @@ async def start_conversation(
 ) -> Conversation:
     """Create a conversation, its workspace directory, and its ``conversation_created`` event."""
     conversation = await gateway.db(
-        lambda session: create_conversation(session, user_id, workspace, title, agent)
+        lambda session: create_conversation(
+            session, user_id, workspace, title, agent, gateway.quotas
+        )
     )
     await announce_conversation(gateway, conversation)
     return conversation

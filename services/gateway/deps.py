@@ -8,6 +8,9 @@ from fastapi import Depends, HTTPException, Path
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.requests import HTTPConnection
 
+from services.gateway.errors import Forbidden
+from services.gateway.metrics import user_class
+from services.gateway.rate_limit import MUTATING_METHODS, action_for_route
 from services.gateway.state import Gateway
 from shared.db import User
 from shared.db.users import user_for_token
@@ -44,9 +47,13 @@ async def user_from_token(gateway: Gateway, token: str) -> User | None:
 
 async def current_user(
     gateway: GatewayDep,
+    connection: HTTPConnection,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> User:
-    """The user of the request's ``Authorization: Bearer`` token; 401 otherwise."""
+    """The user of the request's ``Authorization: Bearer`` token; 401 otherwise.
+
+    A request that changes something is counted here against the user's rate limit of its
+    class (``rate_limit.py``): every mutating route authenticates, so none is left out."""
     user = None
     if credentials is not None and credentials.scheme.lower() == "bearer":
         user = await user_from_token(gateway, credentials.credentials)
@@ -56,7 +63,22 @@ async def current_user(
             detail="missing or invalid bearer token",
             headers={"WWW-Authenticate": "Bearer"},
         )
+    if connection.scope["type"] == "http" and connection.scope["method"] in MUTATING_METHODS:
+        route = connection.scope.get("route")
+        action = action_for_route(getattr(route, "path", connection.url.path))
+        await gateway.limits.hit(action, user.id, user_class(user.is_admin))
     return user
 
 
 CurrentUser = Annotated[User, Depends(current_user)]
+
+
+async def admin_user(user: CurrentUser) -> User:
+    """The current user if an admin; ``Forbidden`` (403) otherwise. The one admin check:
+    ``routes/admin.py`` puts it on its whole router."""
+    if not user.is_admin:
+        raise Forbidden("this route is for admins only")
+    return user
+
+
+AdminUser = Annotated[User, Depends(admin_user)]

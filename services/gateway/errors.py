@@ -21,6 +21,10 @@ class GatewayError(Exception):
         super().__init__(message)
         self.message = message
 
+    def headers(self) -> dict[str, str] | None:
+        """Headers of the HTTP answer (none but for a few codes)."""
+        return None
+
 
 class NotFound(GatewayError):
     """Absent, or owned by someone else (never told apart: another user's object is 404)."""
@@ -58,10 +62,44 @@ class Unavailable(GatewayError):
 
 
 class RateLimited(GatewayError):
-    """The user sent more than the per-minute limit."""
+    """The user sent more than the limit of a class of actions; ``retry_after_s``: when the
+    next one would be allowed (HTTP answers it as ``Retry-After``)."""
 
     code = "rate_limited"
     http_status = 429
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str] | None:
+        """``Retry-After``: whole seconds until the window lets the next one through."""
+        return {"Retry-After": str(self.retry_after_s)}
+
+
+class BudgetExceeded(GatewayError):
+    """The user's token budget for the period is used up: a turn may not start."""
+
+    code = "budget_exceeded"
+    http_status = 402
+
+
+class QuotaExceeded(GatewayError):
+    """The user already holds as many of a stored thing (or bytes) as allowed."""
+
+    code = "quota_exceeded"
+    http_status = 403
+
+    def __init__(self, message: str, quota: str) -> None:
+        super().__init__(message)
+        self.quota = quota
+
+
+class Forbidden(GatewayError):
+    """An admin-only request from a user who is not an admin."""
+
+    code = "forbidden"
+    http_status = 403
 
 
 class ReplayGapError(GatewayError):

@@ -28,6 +28,11 @@ LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 _OTHER_FRAME = "invalid"
 
 
+def user_class(is_admin: bool) -> str:
+    """The label of a user in per-class metrics: a bounded set, never the user's id."""
+    return "admin" if is_admin else "user"
+
+
 class _TurnsBySql(Collector):
     """``signalbox_turns{status}``: the number of turns in each status, counted in SQL."""
 
@@ -83,6 +88,32 @@ class GatewayMetrics:
             "signalbox_gateway_ws_closes",
             "WebSockets closed by the gateway, by close code",
             ["code"],
+            registry=r,
+        )
+        # Tenancy (added): labelled by user class ("admin" | "user"), never by user id, so
+        # the number of series stays bounded however many users a deployment has.
+        self.turns_queued = Counter(
+            "signalbox_gateway_turns_queued",
+            "Turns accepted and queued, by user class",
+            ["user_class"],
+            registry=r,
+        )
+        self.budget_refusals = Counter(
+            "signalbox_gateway_budget_refusals",
+            "Turns refused because the user's token budget was used up, by user class",
+            ["user_class", "period"],
+            registry=r,
+        )
+        self.rate_limited = Counter(
+            "signalbox_gateway_rate_limited",
+            "Requests and frames refused by a rate limit, by user class and action class",
+            ["user_class", "action"],
+            registry=r,
+        )
+        self.quota_refusals = Counter(
+            "signalbox_gateway_quota_refusals",
+            "Creations refused by a quota, by user class and quota",
+            ["user_class", "quota"],
             registry=r,
         )
         self._turns = _TurnsBySql()

@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from services.gateway.errors import Conflict, NotFound
-from shared.db import Conversation, ToolCall, Turn
+from shared.db import Alarm, Conversation, Schedule, ToolCall, Turn
 from shared.db.agents import FoundAgent, find_agent, find_in_scope
 
 
@@ -62,3 +62,19 @@ def owned_agent(session: Session, user_id: str, name: str) -> FoundAgent:
             "it with `signalbox agents edit --deployment`)"
         )
     raise NotFound(f"agent {name!r} not found")
+
+
+def owned_schedule(session: Session, user_id: str, schedule_id: str) -> Schedule:
+    """``user_id``'s schedule ``schedule_id``, else ``NotFound``."""
+    schedule = session.get(Schedule, schedule_id)
+    if schedule is None or schedule.user_id != user_id:
+        raise NotFound(f"schedule {schedule_id!r} not found")
+    return schedule
+
+
+def owned_alarm(session: Session, user_id: str, alarm_id: str) -> Alarm:
+    """``user_id``'s alarm ``alarm_id``, else ``NotFound``."""
+    alarm = session.get(Alarm, alarm_id)
+    if alarm is None or alarm.user_id != user_id:
+        raise NotFound(f"alarm {alarm_id!r} not found")
+    return alarm

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import anyio.to_thread
@@ -20,6 +21,8 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.quotas import Quotas
+from services.gateway.rate_limit import RateLimits
 from services.gateway.relay import RELAY_SOCKET_TIMEOUT_S, RelayHub
 from shared.celery_app import ORCHESTRATOR_QUEUE, RUN_TURN_TASK, make_celery
 from shared.db import make_engine, make_session_factory
@@ -62,7 +65,11 @@ class Gateway:
     http: httpx.AsyncClient
     events: AsyncEventStream
     hub: RelayHub
-    metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
+    limits: RateLimits
+    quotas: Quotas
+    metrics: GatewayMetrics
+    # "Now" for token budgets' periods (budgets.py); tests replace it with a clock they move.
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
 
     @classmethod
     def build(cls, settings: GatewaySettings) -> Gateway:
@@ -80,6 +87,7 @@ class Gateway:
             socket_timeout=RELAY_SOCKET_TIMEOUT_S,
         )
         engine = make_engine(settings.database_url)
+        metrics = GatewayMetrics()
         return cls(
             settings=settings,
             keys=keys,
@@ -92,6 +100,9 @@ class Gateway:
             hub=RelayHub(
                 AsyncEventStream(replay_client, keys), read_pool, settings.client_queue_size
             ),
+            limits=RateLimits.build(client, keys, settings, metrics),
+            quotas=Quotas(settings, metrics),
+            metrics=metrics,
         )
 
     async def aclose(self) -> None:

@@ -16,9 +16,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from services.gateway.agents import bind_agent, check_bound_agent
+from services.gateway.budgets import refuse_over_budget
 from services.gateway.conversations import TITLE_CHARS, announce_conversation, create_conversation
 from services.gateway.errors import Conflict, TurnBusy, Unavailable
+from services.gateway.metrics import user_class
 from services.gateway.ownership import owned_conversation, owned_turn
+from services.gateway.quotas import Quotas
 from services.gateway.state import Gateway
 from services.gateway.uploads import owned_attachments
 from shared.db import Conversation, Turn, User
@@ -50,6 +53,7 @@ class _Inserted:
     created: bool
     interrupted: list[str] = field(default_factory=list)
     conversation: Conversation | None = None  # the conversation this insert started, if any
+    user_class: str = "user"  # of the submitter, for per-class metrics
 
 
 def _existing_turn(session: Session, user_id: str, client_turn_id: str) -> Turn | None:
@@ -119,6 +123,7 @@ def _insert_first_turn(
     client_turn_id: str | None,
     client_tools: list[dict[str, Any]] | None,
     agent: str | None = None,
+    quotas: Quotas | None = None,
 ) -> _Inserted:
     """A new conversation and its first turn, in one transaction.
 
@@ -131,7 +136,9 @@ def _insert_first_turn(
         existing = _existing_turn(session, user_id, client_turn_id)
         if existing is not None:
             return _Inserted(existing, created=False)
-    conversation = create_conversation(session, user_id, workspace, text[:TITLE_CHARS], agent)
+    conversation = create_conversation(
+        session, user_id, workspace, text[:TITLE_CHARS], agent, quotas
+    )
     turn = _add_turn(session, user_id, conversation.id, text, client_turn_id, client_tools)
     return _Inserted(turn, created=True, conversation=conversation)
 
@@ -174,6 +181,8 @@ async def _stored(
     def run(session: Session) -> tuple[_Inserted, list[Attachment]]:
         attached = owned_attachments(session, user_id, upload_ids)
         inserted = insert(session)
+        user = session.get(User, user_id)
+        inserted.user_class = user_class(bool(user and user.is_admin))
         if inserted.created and attached:
             inserted.turn.attachments = [a.upload_id for a in attached]
         return inserted, attached
@@ -201,14 +210,16 @@ async def submit_turn(
     """Store a turn, announce it, enqueue it; a new conversation if ``conversation_id`` is None.
 
     ``agent``: the agent a new conversation is bound to; on a started one it must name the
-    agent it is bound to (else ``Conflict``, nothing stored)."""
+    agent it is bound to (else ``Conflict``, nothing stored). A user whose token budget is
+    used up is refused ``BudgetExceeded`` before anything is stored."""
+    await refuse_over_budget(gateway, user_id)
     if conversation_id is None:
         inserted, attached = await _stored(
             gateway,
             user_id,
             attachments,
             lambda s: _insert_first_turn(
-                s, user_id, workspace, text, client_turn_id, client_tools, agent
+                s, user_id, workspace, text, client_turn_id, client_tools, agent, gateway.quotas
             ),
         )
     else:
@@ -240,6 +251,7 @@ async def submit_turn(
     if attached:
         queued["attachments"] = [a.model_dump(mode="json") for a in attached]
     event_id = await gateway.events.append(conv_id, "turn_queued", queued, turn.id)
+    gateway.metrics.turns_queued.labels(inserted.user_class).inc()
     try:
         await gateway.enqueue_turn(turn.id)
     except Exception as exc:

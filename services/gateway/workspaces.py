@@ -145,6 +145,7 @@ async def create_workspace(gateway: Gateway, user_id: str, name: str) -> dict[st
     name = checked_workspace(name)
 
     def create(session: Session) -> bool:
+        gateway.quotas.reserve_workspace(session, user_id, name)
         ensure_workspace(session, user_id, name)
         return _user(session, user_id).selected_workspace == name
 

@@ -16,14 +16,17 @@ from typing import Any
 
 import redis.exceptions
 from pydantic import BaseModel
+from sqlalchemy.orm import Session
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from services.gateway import interactions, proposals_client, tool_decisions, turns
-from services.gateway.errors import BadInput, GatewayError, RateLimited, ReplayGapError
+from services.gateway.errors import BadInput, GatewayError, ReplayGapError
+from services.gateway.metrics import user_class
 from services.gateway.ownership import owned_conversation
-from services.gateway.rate_limit import allow
+from services.gateway.rate_limit import FRAME_ACTIONS
 from services.gateway.relay import Subscription
 from services.gateway.state import Gateway
+from shared.db import User
 from shared.event_stream import ReplayGap, check_event_id
 from shared.events import Event, utc_now
 from shared.protocol import (
@@ -93,6 +96,7 @@ class WsSession:
         self.subscriptions: dict[str, Subscription] = {}
         self.close_code: int | None = None
         self._closing = asyncio.Event()
+        self._user_class: str | None = None  # for per-class metrics, read at the first frame
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -235,9 +239,7 @@ class WsSession:
             return
         self.gateway.metrics.frame(frame.type)
         try:
-            per_minute = self.gateway.settings.rate_limit_per_minute
-            if not await allow(self.gateway.redis, self.gateway.keys, self.user_id, per_minute):
-                raise RateLimited(f"more than {per_minute} frames a minute")
+            await self._count(frame.type)
             await self.dispatch(frame)
         except GatewayError as exc:
             self.send_error(frame.req, exc.code, exc.message)
@@ -247,6 +249,16 @@ class WsSession:
         except Exception:
             log.exception("frame %s failed", frame.type)
             self.send_error(frame.req, "internal", f"{frame.type} failed; see the gateway log")
+
+    async def _count(self, frame_type: str) -> None:
+        """Count the frame against the user's limits (``frames``, and its action's class)."""
+        if self._user_class is None:
+            self._user_class = await self.gateway.db(lambda s: _user_class_of(s, self.user_id))
+        limits = self.gateway.limits
+        await limits.hit("frames", self.user_id, self._user_class)
+        action = FRAME_ACTIONS.get(frame_type)
+        if action is not None:
+            await limits.hit(action, self.user_id, self._user_class)
 
     async def dispatch(self, frame: ClientFrame) -> None:
         """Do what one parsed frame asks."""
@@ -356,6 +368,11 @@ class WsSession:
             return None
         eid = entries[0][0]
         return eid.decode() if isinstance(eid, bytes) else str(eid)
+
+
+def _user_class_of(session: Session, user_id: str) -> str:
+    user = session.get(User, user_id)
+    return user_class(user is not None and user.is_admin)
 
 
 def _ack(req: str | None, fields: dict[str, Any]) -> Ack:

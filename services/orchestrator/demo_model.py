@@ -42,6 +42,25 @@ _WRITE = re.compile(r"\b(?:create|write|add)\b", re.IGNORECASE)
 _FILENAME = re.compile(r"(?<![\w/.-])([\w-][\w./-]*\.[A-Za-z0-9]{1,8})\b")
 _CONTENT = re.compile(r"\b(?:with|containing|saying)\s+(?P<content>.+)$", re.IGNORECASE | re.DOTALL)
 _PROPOSAL_ID = re.compile(r"proposal_id\s+([\w-]+)")
+_PLAN = re.compile(r"\bplan\b", re.IGNORECASE)
+PLAN_NOTE_PATH = "PLAN-NOTES.md"
+# "wake me in 30 seconds to check the build": one ``alarm`` call, the rest its note.
+_ALARM = re.compile(
+    r"\bwake me in (?P<seconds>\d+) seconds?\b\W*(?:to\s+)?(?P<note>.*)$", re.IGNORECASE | re.DOTALL
+)
+# The demo's plan (run_plan): two independent steps, then one that uses both outputs.
+DEMO_PLAN_STEPS: tuple[dict[str, Any], ...] = (
+    {"save_as": "ls", "tool": "list_dir", "input": {"path": "."}},
+    {"save_as": "todos", "tool": "search_files", "input": {"pattern": "TODO|FIXME"}},
+    {
+        "save_as": "notes",
+        "tool": "write_file",
+        "input": {
+            "path": PLAN_NOTE_PATH,
+            "content": "# Workspace\n\n$steps.ls.output\n\n# TODO/FIXME\n\n$steps.todos.output\n",
+        },
+    },
+)
 
 
 @dataclass(frozen=True)
@@ -60,8 +79,23 @@ def _unquote(value: str) -> str:
 
 
 def plan(text: str) -> list[_Action]:
-    """The steps the demo model takes for ``text``: look around, then write, then edit."""
+    """The steps the demo model takes for ``text``: look around, then write, then edit; or,
+    when the text asks for a plan, one ``run_plan`` doing the looking and the writing."""
     actions: list[_Action] = []
+    alarm = _ALARM.search(text)
+    if alarm:
+        seconds = int(alarm.group("seconds"))
+        note = alarm.group("note").strip() or "you asked to be woken now"
+        call = ("alarm", {"in_minutes": max(seconds, 1) / 60, "note": note})
+        return [_Action(f"I will set an alarm to wake me in {seconds} s.", (call,))]
+    if _PLAN.search(text):
+        return [
+            _Action(
+                "I will run it as one plan: list the workspace and search it for TODO/FIXME "
+                f"at once, then propose {PLAN_NOTE_PATH} made of both results.",
+                (("run_plan", {"steps": [dict(step) for step in DEMO_PLAN_STEPS]}),),
+            )
+        ]
     if _EXPLORE.search(text):
         actions.append(
             _Action(

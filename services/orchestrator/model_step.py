@@ -15,21 +15,25 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
-from services.orchestrator import compaction, planner, store, usage
+from services.orchestrator import compaction, hooks, plan_graph, planner, store, usage
 from services.orchestrator.agent_tools import agent_offers, cap_sub_agents
 from services.orchestrator.approvals import Stamp
 from services.orchestrator.builtin_tools import (
+    ALARM,
     ASK_USER,
     BUILTIN_DEFS,
+    RUN_PLAN,
+    RUN_PLAN_TIMEOUT_S,
     SPAWN_AGENT,
     SPAWN_AGENT_TIMEOUT_S,
+    AlarmInput,
     AskUserInput,
     SpawnAgentInput,
     client_tools,
@@ -60,6 +64,7 @@ from services.orchestrator.transcript import (
     load_proposal_notes,
 )
 from shared.agents import AgentSpec
+from shared.db.models import ToolCall
 from shared.timestamps import rfc3339
 from shared.tool_contract import ApprovalMode
 
@@ -131,11 +136,10 @@ def deployment_offers(runner: TurnRunner) -> dict[str, Offer]:
     if runner.child:
         return found
     for definition in BUILTIN_DEFS.values():
-        wait_s = (
-            runner.rt.settings.decision_ttl_s
-            if definition.name == ASK_USER
-            else SPAWN_AGENT_TIMEOUT_S
-        )
+        wait_s = {
+            ASK_USER: runner.rt.settings.decision_ttl_s,
+            RUN_PLAN: RUN_PLAN_TIMEOUT_S,
+        }.get(definition.name, SPAWN_AGENT_TIMEOUT_S)
         found[definition.name] = Offer(definition, INLINE, wait_s, "auto")
     for tool in client_tools(runner.info.client_tools, found).values():
         found[tool.name] = Offer(tool.as_def(), CLIENT, tool.timeout_s, "auto")
@@ -234,7 +238,7 @@ def take_step(runner: TurnRunner) -> str | None:
                 usage.record(runner, usage.retried_row(runner, sent.model, event))
             elif isinstance(event, StepEnd):
                 end = event
-    except ModelError as exc:
+    except (ModelError, hooks.HookFailed) as exc:  # HookFailed: a before_model hook's
         thoughts.flush()
         buffer.flush()
         return runner.finish("failed", error=str(exc))
@@ -257,12 +261,23 @@ def take_step(runner: TurnRunner) -> str | None:
         return runner.finish("cancelled")
     if end is None:
         return runner.finish("failed", error="the model stream ended without finishing the step")
-    planned = cap_sub_agents(runner, [plan(runner, use, offered) for use in uses])
     row = usage.request_row(runner, end.model or sent.model or runner.rt.model.name, end)
+    try:
+        runner.rt.hooks.after_model(hooks.context(runner), text, uses)
+    except hooks.HookFailed as exc:
+        usage.record(runner, row)  # billed all the same
+        return runner.finish("failed", error=str(exc))
+    planned = cap_sub_agents(runner, [plan(runner, use, offered) for use in uses])
     _msg, calls = store.store_step(
         sessions, info, text, planned, end.input_tokens, end.output_tokens, row, thinking
     )
     runner.emit("assistant_message", {"text": text})
+    announce(runner, calls)
+    return None
+
+
+def announce(runner: TurnRunner, calls: Sequence[ToolCall]) -> None:
+    """The events of calls just stored: a decision asked for, or an end met at once."""
     for call in calls:
         if call.status == "needs_decision":
             assert call.expires_at is not None
@@ -277,7 +292,6 @@ def take_step(runner: TurnRunner) -> str | None:
             )
         elif call.status not in OPEN_CALL_STATUSES:
             runner.finished(call)
-    return None
 
 
 def _open(
@@ -285,7 +299,7 @@ def _open(
 ) -> tuple[ModelRequest, Iterator[ModelEvent], Iterator[ModelEvent]]:
     """Send the step's request (the stream's first event sends it); the API finding it too
     long gets it once more, compacted harder. The request, its stream, and its events."""
-    sent = request(runner, offered)
+    sent = _edited(runner, request(runner, offered))
     stream = runner.rt.model.stream(sent)
     try:
         first = next(stream, None)
@@ -293,11 +307,24 @@ def _open(
         if runner.child:
             raise
         log.warning("turn %s: the prompt was too long; compacting harder", runner.info.turn_id)
-        sent = request(runner, offered, harder=True)
+        sent = _edited(runner, request(runner, offered, harder=True))
         stream = runner.rt.model.stream(sent)
         first = next(stream, None)
     head = [] if first is None else [first]
     return sent, stream, itertools.chain(head, stream)
+
+
+def plan_tools(offered: dict[str, Offer]) -> list[str]:
+    """The tools a ``run_plan`` step may call: those of the tool workers offered this step
+    (not the built-in ones, nor a client's: a plan runs on the server alone)."""
+    return [name for name, offer in offered.items() if offer.executor == SERVER]
+
+
+def _edited(runner: TurnRunner, sent: ModelRequest) -> ModelRequest:
+    """The request as the ``before_model`` hooks leave it (``HookFailed`` if one refused)."""
+    if not runner.rt.hooks.has("before_model"):
+        return sent
+    return runner.rt.hooks.before_model(hooks.context(runner), sent)
 
 
 def plan(runner: TurnRunner, use: ToolUse, offered: dict[str, Offer]) -> PlannedCall:
@@ -308,12 +335,29 @@ def plan(runner: TurnRunner, use: ToolUse, offered: dict[str, Offer]) -> Planned
         if runner.child:
             why += " (a sub-agent has read-only tools alone)"
         return PlannedCall(use, UNKNOWN_TOOL_TIMEOUT_S, "error", why)
-    shapes: dict[str, type[BaseModel]] = {ASK_USER: AskUserInput, SPAWN_AGENT: SpawnAgentInput}
+    # The hooks first, so the tool policy judges the input that would run (a rewrite too).
+    try:
+        use, refused = runner.rt.hooks.before_tool(hooks.context(runner), use)
+    except hooks.HookFailed as exc:
+        return PlannedCall(use, offer.timeout_s, "denied", f"denied: {exc}", offer.executor)
+    if refused is not None:
+        error = f"denied by a hook: {refused}"
+        return PlannedCall(use, offer.timeout_s, "denied", error, offer.executor)
+    shapes: dict[str, type[BaseModel]] = {
+        ASK_USER: AskUserInput,
+        SPAWN_AGENT: SpawnAgentInput,
+        ALARM: AlarmInput,
+    }
     shape = shapes.get(use.name)
     if offer.executor == INLINE and shape is not None:
         problem = input_problem(shape, use.input)
         if problem is not None:
             return PlannedCall(use, offer.timeout_s, "error", problem, offer.executor)
+    if use.name == RUN_PLAN:
+        try:  # refused whole before anything runs: the model is told what is wrong
+            plan_graph.check(use.input, plan_tools(offered))
+        except plan_graph.BadPlan as exc:
+            return PlannedCall(use, offer.timeout_s, "error", str(exc), offer.executor)
     try:
         decision = runner.rt.policy.decide(use.name, use.input, offer.mode)
         decision = with_agent(decision, use.name, runner.agent.approval)

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import redis
 
 from services.orchestrator.approvals import ApprovalFeed
 from services.orchestrator.dispatch import Dispatcher
+from services.orchestrator.hooks import Hooks
 from services.orchestrator.model import Model
 from services.orchestrator.policy import ToolPolicy
 from services.orchestrator.pricing import PriceTable
-from services.orchestrator.store import Sessions
+from services.orchestrator.store import Sessions, utcnow
 from services.orchestrator.token_count import TokenCounter
 from shared.event_stream import EventStream
 from shared.redis_keys import RedisKeys
@@ -44,6 +46,12 @@ class Runtime:
     approvals: ApprovalFeed | None = None
     prices: PriceTable = field(default_factory=PriceTable.load)  # model cost (pricing.py)
     tokens: TokenCounter | None = None  # exact counts for the context budget; None: estimate
+    # What "now" is for token budgets' periods (budget.py); tests pass a clock they control.
+    clock: Callable[[], datetime] = utcnow
+    hooks: Hooks = field(default_factory=Hooks)  # the deployment's extension hooks (hooks.py)
+    # Asks the scheduler to load an alarm the ``alarm`` tool stored (alarms.py); the
+    # scheduler's start-up sync loads any whose message was lost.
+    sync_alarm: Callable[[str], object] = lambda _alarm_id: None
 
     @property
     def events(self) -> EventStream:

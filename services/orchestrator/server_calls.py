@@ -87,14 +87,20 @@ def retry(runner: TurnRunner, call: ToolCall) -> ToolCall | None:
     return retried
 
 
-def gather(runner: TurnRunner, running: Sequence[ToolCall]) -> str | None:
+def gather(
+    runner: TurnRunner, running: Sequence[ToolCall], until_first: bool = False
+) -> str | None:
     """All-settled: each call ends with its result, or ``lost`` at its own deadline.
 
     Reads the turn's result stream from the start, so results published while no
-    runner was listening (a resumed turn) are found too.
+    runner was listening (a resumed turn) are found too. ``until_first``: return as soon
+    as any of the calls ended (a plan starts a step the moment its inputs are ready).
     """
     grace_s = runner.rt.settings.tool_grace_s
     waiting = {c.id: c for c in running}
+
+    def settled() -> bool:
+        return not waiting or (until_first and len(waiting) < len(running))
 
     def deadline_of(c: ToolCall) -> float:
         return as_utc(c.started_at or store.utcnow()).timestamp() + c.timeout_s + grace_s
@@ -102,7 +108,7 @@ def gather(runner: TurnRunner, running: Sequence[ToolCall]) -> str | None:
     deadline = {c.id: deadline_of(c) for c in running}
     key = runner.rt.keys.tool_results(runner.info.turn_id)
     last_id = "0-0"
-    while waiting:
+    while not settled():
         runner.lease.check()
         if runner.cancelled():
             return "cancelled"
@@ -124,7 +130,7 @@ def gather(runner: TurnRunner, running: Sequence[ToolCall]) -> str | None:
                 f"no result within {call.timeout_s:g} s + {grace_s:g} s grace: the tool "
                 "worker vanished; the call may or may not have taken effect",
             )
-        if not waiting:
+        if settled():
             break
         wait_s = min(max(min(deadline[c] for c in waiting) - now, 0.001), runner.rt.poll_s)
         last_id = _take_results(runner, key, last_id, waiting, max(1, int(wait_s * 1000)))

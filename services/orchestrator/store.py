@@ -38,6 +38,7 @@ FINISHED_TURN_STATUSES = frozenset(
         TurnState.FAILED,
         TurnState.STEP_LIMIT,
         TurnState.TIMED_OUT,
+        TurnState.BUDGET_EXCEEDED,
     }
 )
 

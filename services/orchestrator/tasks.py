@@ -23,8 +23,8 @@ from services.orchestrator.model import Model
 from services.orchestrator.pricing import PriceTable
 from services.orchestrator.recovery import Reconciler
 from services.orchestrator.token_count import ApiTokenCounter, TokenCounter
-from services.orchestrator.worker import app, policy, settings
-from shared.celery_app import RUN_TURN_TASK
+from services.orchestrator.worker import app, hooks, policy, settings
+from shared.celery_app import RUN_TURN_TASK, SCHEDULER_QUEUE, SYNC_ALARM_TASK
 from shared.db import make_engine, make_session_factory
 from shared.events import turn_finished
 from shared.redis_keys import RedisKeys
@@ -70,10 +70,14 @@ def _runtime() -> Runtime:
         model=model,
         dispatcher=CeleryDispatcher(app, client, keys),
         enqueue_turn=lambda turn_id: app.send_task(RUN_TURN_TASK, args=[turn_id]),
+        sync_alarm=lambda alarm_id: app.send_task(
+            SYNC_ALARM_TASK, args=[alarm_id], queue=SCHEDULER_QUEUE
+        ),
         policy=policy,
         approvals=ApprovalFeed(feed_client, keys.approvals_channel, sessions),
         prices=PriceTable.load(settings.price_file),
         tokens=make_counter(settings, model),
+        hooks=hooks,
     )
 
 

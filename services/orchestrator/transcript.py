@@ -257,7 +257,9 @@ def load_messages(
         scope = and_(scope, Message.seq <= through_seq)
     rows = session.scalars(select(Message).where(scope).order_by(Message.seq)).all()
     call_rows = session.scalars(
-        select(ToolCall).join(Message, Message.id == ToolCall.message_id).where(scope)
+        select(ToolCall)
+        .join(Message, Message.id == ToolCall.message_id)
+        .where(scope, ToolCall.plan_call_id.is_(None))  # a plan's steps: in its one result
     ).all()
     by_message: dict[str, list[ToolCall]] = defaultdict(list)
     for call in call_rows:

@@ -12,8 +12,9 @@ whose runner died, and continues a parked one:
 
 A call starts by its executor: a tool worker (``server_calls.py``: one publish batch per
 step, results gathered with deadlines), the client that declared it, a human, or this loop
-itself (``own_calls.py``: client tools, ``ask_user``, ``spawn_agent``). A turn whose open
-calls all wait on someone parks: no worker slot is held; the answer, the decision, an
+itself (``own_calls.py``: client tools, ``ask_user``, ``spawn_agent``; ``plans.py``:
+``run_plan``, whose steps are calls of the turn made as their inputs become ready). A turn
+whose open calls all wait on someone parks: no worker slot is held; the answer, the decision, an
 expiry (the reconciler) or a cancel enqueues it again. The model step itself is in
 ``model_step.py``; the delivery around a pass (lease, ordering) in ``loop.py``.
 """
@@ -26,8 +27,21 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
+from sqlalchemy import select
 
-from services.orchestrator import faults, model_step, own_calls, server_calls, store, usage
+from services.orchestrator import (
+    alarms,
+    budget,
+    faults,
+    hooks,
+    model_step,
+    own_calls,
+    plans,
+    server_calls,
+    store,
+    usage,
+)
+from services.orchestrator.builtin_tools import ALARM, RUN_PLAN
 from services.orchestrator.cancel_watch import CancelWatch
 from services.orchestrator.lease import TurnLease
 from services.orchestrator.runtime import Runtime
@@ -36,6 +50,7 @@ from services.orchestrator.transcript import OPEN_CALL_STATUSES
 from services.orchestrator.turn_deadline import TurnDeadline
 from shared.agents import AgentSpec, bound_agent
 from shared.db.models import ToolCall
+from shared.db.webhooks import WEBHOOK_EVENT_KINDS, enqueue
 from shared.events import EventKind, tool_call_finished, turn_finished
 from shared.statuses import CallDecision, CallState, TurnState
 from shared.tool_contract import ToolSpec
@@ -85,6 +100,11 @@ class TurnRunner:
             data = data.model_dump(mode="json")
         if self.child:
             data = {**data, "parent_call_id": self.info.parent_call_id}
+        if kind in WEBHOOK_EVENT_KINDS:  # committed before anyone can see the event
+            with self.rt.sessions() as s, s.begin():
+                enqueue(
+                    s, self.info.user_id, self.info.conversation_id, kind, data, self.info.turn_id
+                )
         return self.rt.events.append(self.info.conversation_id, kind, data, self.info.turn_id)
 
     def finished(self, call: ToolCall | store.EndedCall, waited_ms: int | None = None) -> None:
@@ -119,8 +139,31 @@ class TurnRunner:
         """End several calls in one transaction, then announce each that ended."""
         if not rows:
             return
+        if self.rt.hooks.has("after_tool"):
+            rows = self._after_tool(rows)
         for done in store.record_results(self.rt.sessions, rows):
             self.finished(done)
+
+    def _after_tool(self, rows: Sequence[store.ResultRow]) -> list[store.ResultRow]:
+        """The rows as the ``after_tool`` hooks leave their outputs; a ``fail_closed`` hook
+        that fails withholds the output (the call ends ``error``), never passes it as is."""
+        with self.rt.sessions() as s:
+            ids = [r.call_id for r in rows]
+            found = s.execute(select(ToolCall.id, ToolCall.tool).where(ToolCall.id.in_(ids)))
+            tools: dict[str, str] = {call_id: tool for call_id, tool in found}
+        ctx = hooks.context(self)
+        edited = []
+        for row in rows:
+            try:
+                output = self.rt.hooks.after_tool(
+                    ctx, tools.get(row.call_id, ""), row.status, row.output
+                )
+            except hooks.HookFailed as exc:
+                row = store.ResultRow(row.call_id, "error", "", str(exc), row.duration_ms)
+            else:
+                row = store.ResultRow(row.call_id, row.status, output, row.error, row.duration_ms)
+            edited.append(row)
+        return edited
 
     # -- the state machine -------------------------------------------------------------
 
@@ -137,6 +180,10 @@ class TurnRunner:
                 return self.finish(TurnState.CANCELLED)
             if turn.started:
                 self.emit("turn_started", {"model": self.rt.model.name})
+                try:
+                    self.rt.hooks.turn_started(hooks.context(self))
+                except hooks.HookFailed as exc:
+                    return self.finish(TurnState.FAILED, error=str(exc))
         elif turn.status == TurnState.PARKED:
             store.set_turn_status(
                 self.rt.sessions, self.info.turn_id, TurnState.RUNNING, only_from=TurnState.PARKED
@@ -161,6 +208,12 @@ class TurnRunner:
             if self.cancelled(force=True):
                 return self.finish(TurnState.CANCELLED)
             message, calls = store.last_assistant_message(self.rt.sessions, self.info.turn_id)
+            if message is None or calls:
+                # Before a step's calls start and before the next step (never after a
+                # final answer: a turn that ended within its step completed).
+                over = budget.exhausted(self)
+                if over is not None:
+                    return self.finish(TurnState.BUDGET_EXCEEDED, over.describe())
             if message is not None:
                 if any(c.status in OPEN_CALL_STATUSES for c in calls):
                     outcome = self._settle()
@@ -210,9 +263,15 @@ class TurnRunner:
                 own_calls.start_inline(self, call)
         running = [c for c in self.open_calls() if c.status == CallState.RUNNING]
         for call in running:
-            if call.executor == INLINE and own_calls.run_child(self, call) == "cancelled":
+            if call.executor != INLINE:
+                continue
+            run_inline = {RUN_PLAN: plans.run, ALARM: alarms.run}.get(
+                call.tool, own_calls.run_child
+            )
+            if run_inline(self, call) == "cancelled":
                 return self.finish(TurnState.CANCELLED)
-        workers = [c for c in running if c.executor == SERVER]
+        # A plan's steps are gathered by the plan (plans.py), with its dependents after them.
+        workers = [c for c in running if c.executor == SERVER and c.plan_call_id is None]
         if workers and server_calls.gather(self, workers) == "cancelled":
             return self.finish(TurnState.CANCELLED)
         now = store.utcnow()
@@ -252,6 +311,9 @@ class TurnRunner:
             error = f"the turn's time limit of {self.agent.turn_timeout_s:g} s passed"
         closing = self.open_calls()
         for call in closing:
+            if call.tool == RUN_PLAN and call.plan_call_id is None:
+                plans.close(self, call, status)  # its steps end too, before the calls do
+        for call in closing:
             reason = None if status == TurnState.CANCELLED else f"the turn ended ({status})"
             self.record(call, CallState.CANCELLED, "", reason)
         in_flight = [c.id for c in closing if c.status == CallState.RUNNING]
@@ -274,4 +336,5 @@ class TurnRunner:
         if turn is not None:
             turn_usage = usage.turn_usage(self.rt.sessions, turn)
             self.emit("turn_finished", turn_finished(status, turn.step, turn_usage, error))
+            self.rt.hooks.turn_finished(hooks.context(self), status)
         return status

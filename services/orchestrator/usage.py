@@ -94,7 +94,9 @@ def record(runner: TurnRunner, row: ModelRequest) -> None:
 def turn_usage(sessions: Sessions, turn: Turn) -> dict[str, Any]:
     """``turn_finished.usage``: a root turn's requests with its sub-agents', a child's own.
 
-    ``cost_usd`` is null when a request of the turn has a model without a price.
+    Every request the turn made is in it, as recorded: its steps, a retried attempt as far as
+    it went, a cancelled step (estimated), the planner's and compaction's calls. ``cost_usd``
+    is null when a request of the turn has a model without a price.
     """
     scope = (
         ModelRequest.turn_id == turn.id
@@ -102,8 +104,10 @@ def turn_usage(sessions: Sessions, turn: Turn) -> dict[str, Any]:
         else ModelRequest.root_turn_id == turn.id
     )
     with sessions() as s:
-        written, read, cost, priced, requests = s.execute(
+        fresh, out, written, read, cost, priced, requests = s.execute(
             select(
+                func.coalesce(func.sum(ModelRequest.input_tokens), 0),
+                func.coalesce(func.sum(ModelRequest.output_tokens), 0),
                 func.coalesce(func.sum(ModelRequest.cache_creation_input_tokens), 0),
                 func.coalesce(func.sum(ModelRequest.cache_read_input_tokens), 0),
                 func.coalesce(func.sum(ModelRequest.cost_usd), 0.0),
@@ -112,8 +116,8 @@ def turn_usage(sessions: Sessions, turn: Turn) -> dict[str, Any]:
             ).where(scope)
         ).one()
     return {
-        "input_tokens": turn.input_tokens,
-        "output_tokens": turn.output_tokens,
+        "input_tokens": int(fresh),
+        "output_tokens": int(out),
         "cache_creation_input_tokens": int(written),
         "cache_read_input_tokens": int(read),
         "cost_usd": round(float(cost or 0.0), 6) if priced == requests else None,

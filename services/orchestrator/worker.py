@@ -4,10 +4,12 @@ tool results; tool time limits are enforced on the (prefork) tool workers."""
 
 from __future__ import annotations
 
+from services.orchestrator.hooks import load_hooks
 from services.orchestrator.policy import load_policy
 from shared.celery_app import make_celery
 from shared.settings import OrchestratorSettings, load
 
 settings = load(OrchestratorSettings)
 policy = load_policy(settings)  # here, so a broken policy stops the worker before it starts
+hooks = load_hooks(settings.hook_modules)  # likewise a hook that does not load
 app = make_celery("signalbox-orchestrator", settings, include=["services.orchestrator.tasks"])

@@ -5,25 +5,29 @@ then claims each unsent row with a conditional UPDATE and, inside that same tran
 publishes it; the commit marks it sent. A failed publish rolls the claim back, so the row
 is tried again by the next relay (after the next decision, or at start-up). Because the
 claim holds the row's write lock until commit, two relays never publish the same row.
+The owner's webhook deliveries of the event are queued in that transaction too.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import Any, Final
 
 import redis
 from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
 from services.proposals.context import ServiceContext
 from shared.db import Outbox, Proposal
 from shared.db.models import now
+from shared.db.webhooks import enqueue
+from shared.events import EventKind
 
 log = logging.getLogger(__name__)
 
-PROPOSAL_CREATED = "proposal_created"
-PROPOSAL_RESOLVED = "proposal_resolved"
+PROPOSAL_CREATED: Final = "proposal_created"
+PROPOSAL_RESOLVED: Final = "proposal_resolved"
 TOPICS = (PROPOSAL_CREATED, PROPOSAL_RESOLVED)  # other services may keep their own topics here
 BATCH = 100
 
@@ -54,21 +58,39 @@ def resolved_payload(proposal: Proposal) -> dict[str, Any]:
     }
 
 
-def publish(ctx: ServiceContext, topic: str, payload: dict[str, Any]) -> None:
-    """Send one outbox message where its readers look for it."""
-    conversation_id = payload["conversation_id"]
-    turn_id = payload.get("turn_id")
+def event_data(topic: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """The data of the conversation event an outbox message becomes (and its webhooks get)."""
     if topic == PROPOSAL_CREATED:
         data = {k: payload[k] for k in ("proposal_id", "summary", "files")}
         data["parent_id"] = payload.get("parent_id")  # rows written before it existed lack it
         data["reverts"] = payload.get("reverts")  # null except on a revert
-        ctx.events.append(conversation_id, "proposal_created", data, turn_id=turn_id)
-    elif topic == PROPOSAL_RESOLVED:
+        return data
+    if topic == PROPOSAL_RESOLVED:
+        return {"proposal_id": payload["proposal_id"], "status": payload["status"]}
+    raise ValueError(f"expected an outbox topic of {TOPICS}, got {topic!r}")
+
+
+def publish(ctx: ServiceContext, topic: str, payload: dict[str, Any]) -> None:
+    """Send one outbox message where its readers look for it."""
+    data = event_data(topic, payload)
+    kind: EventKind = PROPOSAL_CREATED if topic == PROPOSAL_CREATED else PROPOSAL_RESOLVED
+    if kind == PROPOSAL_RESOLVED:
         ctx.redis.publish(ctx.keys.approvals_channel, json.dumps(payload, separators=(",", ":")))
-        data = {"proposal_id": payload["proposal_id"], "status": payload["status"]}
-        ctx.events.append(conversation_id, "proposal_resolved", data, turn_id=turn_id)
-    else:
-        raise ValueError(f"expected an outbox topic of {TOPICS}, got {topic!r}")
+    ctx.events.append(payload["conversation_id"], kind, data, turn_id=payload.get("turn_id"))
+
+
+def queue_webhooks(session: Session, topic: str, payload: dict[str, Any]) -> int:
+    """Queue the owner's webhook deliveries of an outbox message in the caller's transaction
+    (the one that marks the row sent); how many. Idempotent: a row relayed again after a
+    failed commit queues nothing twice (``shared/db/webhooks.py``'s unique key)."""
+    return enqueue(
+        session,
+        payload["user_id"],
+        payload["conversation_id"],
+        topic,
+        event_data(topic, payload),
+        payload.get("turn_id"),
+    )
 
 
 def relay(ctx: ServiceContext) -> int:
@@ -113,6 +135,10 @@ def _send_one(ctx: ServiceContext, row_id: int) -> bool:
             return False  # another relay sent it
         row = session.get(Outbox, row_id)
         assert row is not None
-        publish(ctx, row.topic, dict(row.payload))
+        payload = dict(row.payload)
+        # Queued before the event is published, committed with the claim: an event anyone
+        # saw has its deliveries queued, and a failed publish rolls both back.
+        queue_webhooks(session, row.topic, payload)
+        publish(ctx, row.topic, payload)
         session.commit()
         return True

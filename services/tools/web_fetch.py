@@ -38,10 +38,10 @@ from bs4 import BeautifulSoup
 from pydantic import BaseModel, Field
 
 from services.tools.registry import Registry, ToolContext, ToolError, ToolTimeout
+from shared.public_address import IPAddress, refusal
 
 registry = Registry()
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], list[str]]
 
 MAX_REDIRECTS = 5
@@ -50,9 +50,6 @@ CHUNK_BYTES = 16 * 1024
 USER_AGENT = "Signalbox-web_fetch/1 (+https://github.com/signalbox)"
 DROPPED_TAGS = ("script", "style", "noscript", "template", "iframe", "svg", "canvas", "head")
 TEXT_TYPES = ("text/", "application/json", "application/xml", "application/xhtml+xml")
-# IPv6 prefixes that carry an IPv4 address a gateway may route to: check that address too.
-_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
-_SIXTOFOUR = ipaddress.IPv6Network("2002::/16")
 
 
 class FetchRefused(ToolError):
@@ -87,42 +84,6 @@ def system_resolver(host: str, port: int) -> list[str]:
     except socket.gaierror as exc:
         raise ToolError(f"cannot resolve {host!r}: {exc.strerror}") from None
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
-
-
-def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
-    if address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    if address in _NAT64:
-        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
-    if address.sixtofour is not None:
-        return address.sixtofour
-    if address.teredo is not None:
-        return address.teredo[1]
-    return None
-
-
-def refusal(address: IPAddress) -> str | None:
-    """Why web_fetch must not connect to ``address``, or None for a global unicast one."""
-    if isinstance(address, ipaddress.IPv6Address):
-        inner = _embedded_ipv4(address)
-        if inner is not None:
-            why = refusal(inner)
-            return f"it embeds {inner}, which {why}" if why else None
-        if address.scope_id:
-            return "it is scoped to a local link"
-    if address.is_loopback:
-        return "is a loopback address"
-    if address.is_link_local:
-        return "is a link-local address (cloud metadata lives there)"
-    if address.is_multicast:
-        return "is a multicast address"
-    if address.is_unspecified:
-        return "is the unspecified address"
-    if address.is_reserved:
-        return "is a reserved address"
-    if address.is_private or not address.is_global:
-        return "is not a public address (private, shared or special-purpose)"
-    return None
 
 
 def _checked(url: httpx.URL, resolver: Resolver) -> IPAddress:

@@ -17,23 +17,35 @@ from shared.db.models import (
     User,
     Workspace,
 )
+from shared.db.plans import PlanStep
+from shared.db.schedules import Alarm, Schedule, ScheduleRun
 from shared.db.session import make_engine, make_session_factory
+from shared.db.tenancy import BudgetWarning, UserLimits
+from shared.db.webhooks import Webhook, WebhookDelivery
 
 __all__ = [
     "Agent",
     "AgentVersion",
+    "Alarm",
     "ApiToken",
     "Base",
+    "BudgetWarning",
     "Conversation",
     "Message",
     "ModelRequest",
     "Outbox",
+    "PlanStep",
     "Proposal",
     "ProposalFile",
+    "Schedule",
+    "ScheduleRun",
     "ToolCall",
     "Turn",
     "Upload",
     "User",
+    "UserLimits",
+    "Webhook",
+    "WebhookDelivery",
     "Workspace",
     "make_engine",
     "make_session_factory",

@@ -17,6 +17,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -44,6 +45,9 @@ class User(Base):
     name: Mapped[str] = mapped_column(String(100), unique=True)
     selected_workspace: Mapped[str] = mapped_column(String(100), default="default")
     created_at: Mapped[datetime] = mapped_column(default=now)
+    # The admin role: may see every user's usage, set limits and budgets, revoke tokens
+    # (services/gateway/admin.py checks it, once).
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class ApiToken(Base):
@@ -230,6 +234,9 @@ class ToolCall(Base):
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
     duration_ms: Mapped[int | None] = mapped_column(Integer, default=None)
+    # Set on the call of a ``run_plan`` step (shared/db/plans.py): the plan's own call. The
+    # transcript leaves such calls out; the plan's one result stands for them.
+    plan_call_id: Mapped[str | None] = mapped_column(String(40), default=None, index=True)
 
 
 class Proposal(Base):

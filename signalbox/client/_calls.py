@@ -30,6 +30,14 @@ from shared.gateway_api import (
 )
 from shared.proposals_api import ApproveBody, PendingProposals, ProposalPublic, RejectBody
 from shared.protocol import Answer, ClientToolResult, ClientToolSpec, DecideTool, UserTurn
+from shared.schedules_api import (
+    AlarmOut,
+    ScheduleIn,
+    ScheduleOut,
+    SchedulePatch,
+    ScheduleRunOut,
+)
+from shared.webhooks_api import WebhookCreated, WebhookDetail, WebhookView
 from signalbox.client.errors import SignalboxError, Unreachable, frame, from_status
 from signalbox.client.sse import parse_event
 
@@ -98,7 +106,7 @@ def read(call: Call[T], response: httpx.Response) -> T:
         else:
             message = f"{call.what}: the gateway answered {status}: {detail}"
         raise from_status(status, message, body)
-    return call.read(response.json())
+    return call.read(None if status == 204 else response.json())
 
 
 def unreachable(base_url: str, exc: Exception) -> SignalboxError:
@@ -305,3 +313,69 @@ def edit_agent(name: str, config: Json) -> Call[AgentView]:
 def _segment(name: str) -> str:
     """An agent name as one path segment (the gateway refuses any other form with 422)."""
     return urllib.parse.quote(name, safe="")
+
+
+# -- webhooks (GET/POST /api/webhooks, GET/DELETE /api/webhooks/{id}) -------------------------
+
+_webhooks: TypeAdapter[list[WebhookView]] = TypeAdapter(list[WebhookView])
+
+
+def webhooks() -> Call[list[WebhookView]]:
+    return Call("GET", "/api/webhooks", "webhooks", _webhooks.validate_python)
+
+
+def webhook(webhook_id: str) -> Call[WebhookDetail]:
+    path = f"/api/webhooks/{_segment(webhook_id)}"
+    return Call("GET", path, f"webhook {webhook_id!r}", _model(WebhookDetail))
+
+
+def create_webhook(url: str, kinds: Sequence[str]) -> Call[WebhookCreated]:
+    body: Json = {"url": url, "kinds": list(kinds)}  # checked by the gateway (422)
+    return Call("POST", "/api/webhooks", f"webhook for {url!r}", _model(WebhookCreated), body)
+
+
+def delete_webhook(webhook_id: str) -> Call[WebhookView]:
+    path = f"/api/webhooks/{_segment(webhook_id)}"
+    return Call("DELETE", path, f"webhook {webhook_id!r}", _model(WebhookView))
+
+
+# -- schedules and alarms (/api/schedules, /api/alarms) ---------------------------------------
+
+_schedules: TypeAdapter[list[ScheduleOut]] = TypeAdapter(list[ScheduleOut])
+_runs: TypeAdapter[list[ScheduleRunOut]] = TypeAdapter(list[ScheduleRunOut])
+_alarms: TypeAdapter[list[AlarmOut]] = TypeAdapter(list[AlarmOut])
+
+
+def schedules() -> Call[list[ScheduleOut]]:
+    return Call("GET", "/api/schedules", "schedules", _schedules.validate_python)
+
+
+def create_schedule(spec: ScheduleIn) -> Call[ScheduleOut]:
+    # The cron and time zone are checked by the gateway (422 naming the bad one).
+    body = spec.model_dump(mode="json", exclude_none=True)
+    return Call("POST", "/api/schedules", "schedule", _model(ScheduleOut), body)
+
+
+def update_schedule(schedule_id: str, patch: SchedulePatch) -> Call[ScheduleOut]:
+    path = f"/api/schedules/{_segment(schedule_id)}"
+    body = patch.model_dump(mode="json", exclude_none=True)
+    return Call("PATCH", path, f"schedule {schedule_id!r}", _model(ScheduleOut), body)
+
+
+def delete_schedule(schedule_id: str) -> Call[None]:
+    path = f"/api/schedules/{_segment(schedule_id)}"
+    return Call("DELETE", path, f"schedule {schedule_id!r}", lambda _none: None)
+
+
+def schedule_runs(schedule_id: str) -> Call[list[ScheduleRunOut]]:
+    path = f"/api/schedules/{_segment(schedule_id)}/runs"
+    return Call("GET", path, f"schedule {schedule_id!r}", _runs.validate_python)
+
+
+def alarms() -> Call[list[AlarmOut]]:
+    return Call("GET", "/api/alarms", "alarms", _alarms.validate_python)
+
+
+def cancel_alarm(alarm_id: str) -> Call[AlarmOut]:
+    path = f"/api/alarms/{_segment(alarm_id)}"
+    return Call("DELETE", path, f"alarm {alarm_id!r}", _model(AlarmOut))

@@ -32,6 +32,14 @@ from shared.gateway_api import (
 )
 from shared.proposals_api import ProposalPublic
 from shared.protocol import ClientToolSpec
+from shared.schedules_api import (
+    AlarmOut,
+    ScheduleIn,
+    ScheduleOut,
+    SchedulePatch,
+    ScheduleRunOut,
+)
+from shared.webhooks_api import WebhookCreated, WebhookDetail, WebhookView
 from signalbox.client import _calls
 from signalbox.client._calls import Call, Json
 from signalbox.client.errors import SignalboxError, Unreachable
@@ -144,6 +152,50 @@ class Client:
     def edit_agent(self, name: str, config: Json) -> AgentView:
         """A new version of my agent with exactly ``config``."""
         return self._do(_calls.edit_agent(name, config))
+
+    def webhooks(self) -> list[WebhookView]:
+        """My webhooks, each with its latest delivery."""
+        return self._do(_calls.webhooks())
+
+    def webhook(self, webhook_id: str) -> WebhookDetail:
+        """One of my webhooks with its recent deliveries."""
+        return self._do(_calls.webhook(webhook_id))
+
+    def create_webhook(self, url: str, kinds: Sequence[str]) -> WebhookCreated:
+        """Register ``url`` for the event ``kinds``; the answer holds the secret, once."""
+        return self._do(_calls.create_webhook(url, kinds))
+
+    def delete_webhook(self, webhook_id: str) -> WebhookView:
+        """Remove one of my webhooks."""
+        return self._do(_calls.delete_webhook(webhook_id))
+
+    def schedules(self) -> list[ScheduleOut]:
+        """My schedules, newest first."""
+        return self._do(_calls.schedules())
+
+    def create_schedule(self, spec: ScheduleIn) -> ScheduleOut:
+        """Create a schedule (the body of ``POST /api/schedules``)."""
+        return self._do(_calls.create_schedule(spec))
+
+    def update_schedule(self, schedule_id: str, patch: SchedulePatch) -> ScheduleOut:
+        """Pause, resume or change one of my schedules."""
+        return self._do(_calls.update_schedule(schedule_id, patch))
+
+    def delete_schedule(self, schedule_id: str) -> None:
+        """Delete one of my schedules and its runs."""
+        self._do(_calls.delete_schedule(schedule_id))
+
+    def schedule_runs(self, schedule_id: str) -> list[ScheduleRunOut]:
+        """A schedule's last runs, newest first."""
+        return self._do(_calls.schedule_runs(schedule_id))
+
+    def alarms(self) -> list[AlarmOut]:
+        """The alarms my agents set, soonest first."""
+        return self._do(_calls.alarms())
+
+    def cancel_alarm(self, alarm_id: str) -> AlarmOut:
+        """Cancel a pending alarm."""
+        return self._do(_calls.cancel_alarm(alarm_id))
 
     def create_conversation(
         self, workspace: str | None = None, title: str = "", agent: str | None = None
@@ -314,6 +366,50 @@ class AsyncClient:
     async def edit_agent(self, name: str, config: Json) -> AgentView:
         """A new version of my agent with exactly ``config``."""
         return await self._do(_calls.edit_agent(name, config))
+
+    async def webhooks(self) -> list[WebhookView]:
+        """My webhooks, each with its latest delivery."""
+        return await self._do(_calls.webhooks())
+
+    async def webhook(self, webhook_id: str) -> WebhookDetail:
+        """One of my webhooks with its recent deliveries."""
+        return await self._do(_calls.webhook(webhook_id))
+
+    async def create_webhook(self, url: str, kinds: Sequence[str]) -> WebhookCreated:
+        """Register ``url`` for the event ``kinds``; the answer holds the secret, once."""
+        return await self._do(_calls.create_webhook(url, kinds))
+
+    async def delete_webhook(self, webhook_id: str) -> WebhookView:
+        """Remove one of my webhooks."""
+        return await self._do(_calls.delete_webhook(webhook_id))
+
+    async def schedules(self) -> list[ScheduleOut]:
+        """My schedules, newest first."""
+        return await self._do(_calls.schedules())
+
+    async def create_schedule(self, spec: ScheduleIn) -> ScheduleOut:
+        """Create a schedule (the body of ``POST /api/schedules``)."""
+        return await self._do(_calls.create_schedule(spec))
+
+    async def update_schedule(self, schedule_id: str, patch: SchedulePatch) -> ScheduleOut:
+        """Pause, resume or change one of my schedules."""
+        return await self._do(_calls.update_schedule(schedule_id, patch))
+
+    async def delete_schedule(self, schedule_id: str) -> None:
+        """Delete one of my schedules and its runs."""
+        await self._do(_calls.delete_schedule(schedule_id))
+
+    async def schedule_runs(self, schedule_id: str) -> list[ScheduleRunOut]:
+        """A schedule's last runs, newest first."""
+        return await self._do(_calls.schedule_runs(schedule_id))
+
+    async def alarms(self) -> list[AlarmOut]:
+        """The alarms my agents set, soonest first."""
+        return await self._do(_calls.alarms())
+
+    async def cancel_alarm(self, alarm_id: str) -> AlarmOut:
+        """Cancel a pending alarm."""
+        return await self._do(_calls.cancel_alarm(alarm_id))
 
     async def create_conversation(
         self, workspace: str | None = None, title: str = "", agent: str | None = None

@@ -195,6 +195,8 @@ def chaos(tmp_path_factory: pytest.TempPathFactory, internal_token: str) -> Iter
             ),
             "SIGNALBOX_HEARTBEAT_S": "1",
             "SIGNALBOX_RATE_LIMIT_PER_MINUTE": "100000",
+            "SIGNALBOX_RATE_LIMIT_TURNS": "100000/minute",
+            "SIGNALBOX_RATE_LIMIT_DECISIONS": "100000/minute",
         },
     )
     stack = Stack(config)

@@ -8,6 +8,8 @@ from collections.abc import Callable
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
+from shared.db.webhooks import Webhook
+from shared.ids import new_id
 from tests.gateway.conftest import LiveGateway, ServerThread, add_call, bearer
 from tests.openapi_fuzz import fuzz_every_operation
 
@@ -38,6 +40,13 @@ def test_no_input_makes_the_gateway_fail(
         },
     )
     assert created.status_code == 201, created.text
+    webhook_id = new_id("wh")  # written in SQL: registering one resolves its host's name
+    with db_sessions() as s, s.begin():
+        s.add(
+            Webhook(
+                id=webhook_id, user_id=user_id, url="https://example.com/h", kinds=[], secret="x"
+            )
+        )
     checked = fuzz_every_operation(
         f"{gw.url}/openapi.json",
         credentials=[bearer(token), bearer(other), {}],
@@ -46,6 +55,7 @@ def test_no_input_makes_the_gateway_fail(
             "turn_id": [turn_id, "turn_nope"],
             "call_id": [call_id, "call_nope"],
             "proposal_id": [created.json()["proposal_id"], "prop_nope"],
+            "webhook_id": [webhook_id, "wh_nope"],
         },
         # A live event stream of a real conversation never ends: generated ids only.
         skip_known=frozenset({"GET /api/conversations/{conversation_id}/stream"}),
@@ -57,5 +67,7 @@ def test_no_input_makes_the_gateway_fail(
         "GET /api/proposals/decided",
         "POST /api/proposals/{proposal_id}/revert",
         "POST /api/workspaces",
+        "POST /api/webhooks",
+        "DELETE /api/webhooks/{webhook_id}",
     ):
         assert operation in checked

@@ -62,8 +62,9 @@ def test_the_planner_offers_only_the_tools_it_chose_out_of_forty(
     assert len(loop) == 3
     for body in loop:
         assert sorted(t["name"] for t in body["tools"]) == ["tool_07", "tool_31"]
+    # 40 tools of the catalogue, ask_user, spawn_agent, run_plan and alarm
     assert h.data("tools_selected") == [
-        {"tools": ["tool_07", "tool_31"], "offered": 42, "fallback": False}
+        {"tools": ["tool_07", "tool_31"], "offered": 44, "fallback": False}
     ]
     kinds = h.kinds()
     assert kinds.index("tools_selected") < kinds.index("text_delta")

@@ -11,6 +11,7 @@ from services.orchestrator.anthropic_model import AnthropicModel
 from services.orchestrator.compaction import NOTE_HEADER, SUMMARY_INSTRUCTION
 from shared.db.models import Compaction, ModelRequest
 from tests.fake_anthropic import FakeAnthropic, text, tool_use
+from tests.fake_prompt_cache import count_tokens
 
 from .support import Harness, ok, spec
 
@@ -79,7 +80,9 @@ def test_prompt_too_long_from_the_api_compacts_harder_and_retries_once(
     fake_anthropic.script([[text(f"Answer {i}: " + "word " * 40)] for i in range(4)])
     for i in range(3):
         assert h.run(h.turn(f"question {i} " + "filler " * 40, seq=i + 1)) == "completed"
-    fake_anthropic.context_window_tokens = 450  # the API's window is smaller than thought
+    # The API's window is smaller than the orchestrator thinks: the size of the third turn's
+    # request, so the fourth (one turn longer) is refused and a compacted one fits.
+    fake_anthropic.context_window_tokens = count_tokens(fake_anthropic.requests[-1].body)
 
     assert h.run(h.turn("last question", seq=4)) == "completed"
 

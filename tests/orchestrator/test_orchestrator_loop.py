@@ -70,7 +70,7 @@ def test_parallel_calls_then_answer_completes_the_turn(harness: Harness) -> None
     assert [r["tool_use_id"] for r in results] == [first.id, second.id]
     assert [r["content"] for r in results] == ["a.txt\nb.txt", "hello"]
     offered = {t.name for t in h.model.requests[0].tools}
-    assert offered == {"list_dir", "read_file", "ask_user", "spawn_agent"}
+    assert offered == {"list_dir", "read_file", "ask_user", "spawn_agent", "run_plan", "alarm"}
 
 
 def test_a_call_without_result_is_lost_at_its_deadline_and_the_others_keep_theirs(
@@ -379,9 +379,10 @@ def test_the_loop_on_the_real_sdk_sends_valid_transcripts(
         "Second turn answer.",
     ]
     finished = [d for d in h.data("turn_finished")]
-    # The two steps that finished, as the API reported them (the broken one is not billed).
-    done = [fake_anthropic.requests[0].usage, fake_anthropic.requests[2].usage]
+    # Every request of the turn as the API reported it: the two steps that finished and the
+    # broken attempt as far as it went (its message_start: the prompt, 1 output token).
+    every = [fake_anthropic.requests[i].usage for i in (0, 1, 2)]
     usage = finished[0]["usage"]
-    assert usage["output_tokens"] == 14
+    assert usage["output_tokens"] == 14 + 1
     for field in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"):
-        assert usage[field] == sum(u[field] for u in done)
+        assert usage[field] == sum(u[field] for u in every)

@@ -22,9 +22,9 @@ from services.tools.web_fetch import (
     Resolver,
     fetch,
     readable,
-    refusal,
     registry,
 )
+from shared.public_address import refusal
 from tests.tools.conftest import ToolEnv
 
 PUBLIC = "93.184.215.14"  # a global unicast address; no test connects to it for real

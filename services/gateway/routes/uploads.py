@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.orm import Session
 
 from services.gateway import uploads
 from services.gateway.deps import CurrentUser, GatewayDep, IdPath
@@ -24,6 +25,7 @@ UPLOAD_PATH = "/api/uploads"  # app.py gives this path its own body limit
 _REFUSED: dict[int | str, dict[str, Any]] = {
     413: {"model": GatewayErrorBody, "description": "larger than its kind's limit"},
     415: {"model": GatewayErrorBody, "description": "not text, an image or a PDF"},
+    403: {"model": GatewayErrorBody, "description": "`quota_exceeded`: uploads or their bytes"},
     422: {"model": GatewayErrorBody, "description": "empty"},
 }
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {
@@ -57,7 +59,13 @@ async def upload(
         return JSONResponse(
             {"detail": exc.message, "code": exc.code}, exc.http_status, {"Connection": "close"}
         )
-    return await gateway.db(lambda s: uploads.store_upload(s, user.id, name, data, sniffed))
+
+    def store(session: Session) -> UploadPublic:
+        gateway.quotas.reserve(session, user.id, "uploads")
+        gateway.quotas.reserve(session, user.id, "upload_bytes", len(data))
+        return uploads.store_upload(session, user.id, name, data, sniffed)
+
+    return await gateway.db(store)
 
 
 @router.get("/{upload_id}", response_model=UploadPublic, responses=_NOT_FOUND)

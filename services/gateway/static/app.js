@@ -231,6 +231,9 @@ function onEvent(e) {
     case "context_compacted":
       turnNote(turn, `compacted ${d.turns_folded} earlier turn(s) to fit the context window (${d.tokens_before} → ${d.tokens_after} tokens)`);
       break;
+    case "plan_started": planView(turn, d); break;
+    case "plan_step": planStep(d); break;
+    case "plan_finished": planFinished(d); break;
     case "assistant_message":
       turn.thinking = null;  // the next step thinks in a block of its own
       finishText(turn, d.text);
@@ -392,6 +395,45 @@ function turnItem(turn, node) {
 function turnNote(turn, text) {
   if (!turn) return note(text);
   turnItem(turn, el("div", "msg note", text));
+}
+
+// run_plan: the plan as a live checklist, one line per step (planned → running → its end).
+const PLAN_MARKS = { planned: "☐", running: "◌", ok: "✓", error: "✗", timeout: "⏱", skipped: "↷", cancelled: "⊘" };
+const plans = {};
+
+function planView(turn, d) {
+  const box = el("div", "msg plan");
+  box.dataset.callId = d.call_id;
+  const head = el("div", "plan-head", `Plan: ${d.steps.length} step(s)`);
+  const list = el("ol", "plan-steps");
+  const rows = {};
+  for (const step of d.steps) {
+    const li = el("li", "plan-step");
+    li.dataset.saveAs = step.save_as;
+    li.dataset.status = "planned";
+    const after = step.depends_on.length ? ` (after ${step.depends_on.join(", ")})` : "";
+    li.append(el("span", "plan-mark", PLAN_MARKS.planned), el("span", "", ` ${step.save_as} — ${step.tool}${after}`), el("span", "plan-error"));
+    rows[step.save_as] = li;
+    list.append(li);
+  }
+  box.append(head, list);
+  plans[d.call_id] = { head, rows };
+  turnItem(turn, box);
+}
+
+function planStep(d) {
+  const li = plans[d.call_id] && plans[d.call_id].rows[d.save_as];
+  if (!li) return;
+  li.dataset.status = d.status;
+  li.querySelector(".plan-mark").textContent = PLAN_MARKS[d.status] || "?";
+  li.querySelector(".plan-error").textContent = d.error ? ` — ${d.error}` : "";
+}
+
+function planFinished(d) {
+  const plan = plans[d.call_id];
+  if (!plan) return;
+  plan.head.textContent = "Plan finished: " + Object.entries(d.steps).map(([s, n]) => `${n} ${s}`).join(", ");
+  plan.head.parentElement.dataset.finished = "1";
 }
 
 function bubble(turn) {

@@ -1,0 +1,91 @@
+"""Token budgets at the gateway: refuse a turn that would start over one, and show them.
+
+The figures are ``shared/db/budgets.py``'s (the usage the orchestrator records), read at
+``Gateway.clock``'s now. A turn refused here stores nothing; one already running when the
+budget runs out is ended by the orchestrator (``services/orchestrator/budget.py``).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+from sqlalchemy.orm import Session
+
+from services.gateway.errors import BudgetExceeded, NotFound
+from services.gateway.metrics import user_class
+from services.gateway.state import Gateway
+from shared.db import User, UserLimits
+from shared.db.budgets import BudgetState, Period, budget_states, exceeded_budget
+from shared.timestamps import rfc3339
+
+
+class BudgetOut(BaseModel):
+    """One budget of a user and what its current period used."""
+
+    period: Period
+    limit_tokens: int
+    used_tokens: int
+    remaining_tokens: int
+    exceeded: bool
+    period_start: str  # RFC 3339, UTC
+    resets_at: str  # RFC 3339, UTC
+
+
+class BudgetReport(BaseModel):
+    """A user's budgets (empty: none set, the user is not limited)."""
+
+    user_id: str
+    budgets: list[BudgetOut]
+
+
+def budget_out(state: BudgetState) -> BudgetOut:
+    """The API's view of one budget."""
+    return BudgetOut(
+        period=state.period,
+        limit_tokens=state.limit_tokens,
+        used_tokens=state.used_tokens,
+        remaining_tokens=max(0, state.limit_tokens - state.used_tokens),
+        exceeded=state.exceeded,
+        period_start=rfc3339(state.period_start),
+        resets_at=rfc3339(state.resets_at),
+    )
+
+
+async def budget_report(gateway: Gateway, user_id: str) -> BudgetReport:
+    """``user_id``'s budgets now."""
+    now = gateway.clock()
+
+    def read(session: Session) -> BudgetReport:
+        states = budget_states(session, user_id, now)
+        return BudgetReport(user_id=user_id, budgets=[budget_out(s) for s in states])
+
+    return await gateway.db(read)
+
+
+async def refuse_over_budget(gateway: Gateway, user_id: str) -> None:
+    """``BudgetExceeded`` if a budget of ``user_id`` is used up (nothing is stored)."""
+    now = gateway.clock()
+
+    def check(session: Session) -> tuple[BudgetState | None, bool]:
+        user = session.get(User, user_id)
+        return exceeded_budget(session, user_id, now), bool(user and user.is_admin)
+
+    over, is_admin = await gateway.db(check)
+    if over is None:
+        return
+    gateway.metrics.budget_refusals.labels(user_class(is_admin), over.period).inc()
+    raise BudgetExceeded(over.describe())
+
+
+def set_budget(
+    session: Session, user_id: str, day_tokens: int | None, month_tokens: int | None
+) -> None:
+    """Set ``user_id``'s budgets (None: no budget for that period)."""
+    if session.get(User, user_id) is None:
+        raise NotFound(f"user {user_id!r} not found")
+    limits = session.get(UserLimits, user_id)
+    if limits is None:
+        limits = UserLimits(user_id=user_id)
+        session.add(limits)
+    limits.day_tokens = day_tokens
+    limits.month_tokens = month_tokens
+    session.flush()

@@ -1,0 +1,56 @@
+"""The scheduler's Celery tasks: decode, delegate to ``ticks.py`` / ``entries.py``."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TypeVar
+
+from sqlalchemy.orm import Session
+
+from services.scheduler.entries import sync_alarm as store_alarm
+from services.scheduler.entries import sync_schedule as store_schedule
+from services.scheduler.state import scheduler_state
+from services.scheduler.ticks import fire_alarm, run_schedule_tick
+from services.scheduler.worker import app
+from shared.celery_app import SYNC_ALARM_TASK, SYNC_SCHEDULE_TASK
+from shared.db import Alarm, Schedule
+
+RowT = TypeVar("RowT", Schedule, Alarm)
+
+
+@app.task(name="scheduler.tick")
+def tick(schedule_id: str, tick_at: str) -> str:
+    """One beat tick of a schedule."""
+    state = scheduler_state()
+
+    def resync(row: Schedule | None) -> None:
+        store_schedule(app, row, schedule_id, datetime.now(UTC))
+
+    return run_schedule_tick(
+        state.sessions, state.events, app, schedule_id, datetime.fromisoformat(tick_at), resync
+    )
+
+
+@app.task(name="scheduler.alarm")
+def alarm(alarm_id: str, tick_at: str | None = None) -> str:
+    """An alarm's time has come."""
+    state = scheduler_state()
+    return fire_alarm(state.sessions, state.events, app, alarm_id)
+
+
+def _load(model: type[RowT], row_id: str) -> RowT | None:
+    session: Session
+    with scheduler_state().sessions() as session:
+        return session.get(model, row_id)
+
+
+@app.task(name=SYNC_SCHEDULE_TASK)
+def sync_schedule(schedule_id: str) -> None:
+    """The gateway changed a schedule: make the beat store match its row."""
+    store_schedule(app, _load(Schedule, schedule_id), schedule_id, datetime.now(UTC))
+
+
+@app.task(name=SYNC_ALARM_TASK)
+def sync_alarm(alarm_id: str) -> None:
+    """An alarm was set or cancelled: make the beat store match its row."""
+    store_alarm(app, _load(Alarm, alarm_id), alarm_id)

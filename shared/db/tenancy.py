@@ -1,0 +1,43 @@
+"""Per-user limits of a multi-user deployment: token budgets, quota overrides, and the
+once-per-period marks of budget warnings.
+
+``users.is_admin`` (the admin role) is a column of ``users`` itself (``shared.db.models``).
+A user without a ``user_limits`` row has no budget and the deployment's quotas.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, ForeignKey, Integer, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from shared.db.models import Base, now
+
+
+class UserLimits(Base):
+    """What an admin set for one user: token budgets per UTC period and quota overrides."""
+
+    __tablename__ = "user_limits"
+
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"), primary_key=True)
+    # Tokens (prompt, cached or not, plus output) the user's model requests may use per UTC
+    # day / calendar month; null: no budget for that period.
+    day_tokens: Mapped[int | None] = mapped_column(Integer, default=None)
+    month_tokens: Mapped[int | None] = mapped_column(Integer, default=None)
+    # Quota name -> limit, over the deployment's SIGNALBOX_QUOTA_* (services/gateway/quotas.py).
+    quotas: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    updated_at: Mapped[datetime] = mapped_column(default=now, onupdate=now)
+
+
+class BudgetWarning(Base):
+    """A ``budget_warning`` sent: one row per (user, period, period start), so the warning
+    goes out once per period however many orchestrators see the threshold crossed."""
+
+    __tablename__ = "budget_warnings"
+
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"), primary_key=True)
+    period: Mapped[str] = mapped_column(String(8), primary_key=True)  # day | month
+    period_start: Mapped[datetime] = mapped_column(primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(default=now)
