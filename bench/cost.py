@@ -26,15 +26,15 @@ import redis
 
 from bench.environment import DUMMY_API_KEY, BenchEnv
 from bench.stats import Result, Series
-from services.orchestrator.anthropic_model import AnthropicModel
-from services.orchestrator.loop import Runtime, run_turn
-from services.tools.workspace_tools import registry as workspace_registry
-from shared.db.models import Conversation, ModelRequest, Turn
-from shared.ids import new_id
-from shared.redis_keys import RedisKeys
-from shared.settings import OrchestratorSettings
-from shared.tool_contract import ToolCallRequest, ToolResult, ToolSpec, publish_catalogue
-from shared.tool_contract import publish_result as publish_tool_result
+from signalbox.services.orchestrator.anthropic_model import AnthropicModel
+from signalbox.services.orchestrator.loop import Runtime, run_turn
+from signalbox.services.tools.workspace_tools import registry as workspace_registry
+from signalbox.shared.db.models import Conversation, ModelRequest, Turn
+from signalbox.shared.ids import new_id
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import OrchestratorSettings
+from signalbox.shared.tool_contract import ToolCallRequest, ToolResult, ToolSpec, publish_catalogue
+from signalbox.shared.tool_contract import publish_result as publish_tool_result
 from tests.fake_anthropic import Scripted, text, tool_use
 
 WRITE_FACTOR, READ_FACTOR = 1.25, 0.1  # 5-minute cache write and cache read, x input price

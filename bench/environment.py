@@ -25,15 +25,15 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from bench.machine import REPO, Machine, describe, raise_fd_limit
 from bench.noop_app import NOOP_QUEUE
-from shared.celery_app import make_celery
-from shared.db import make_engine, make_session_factory
-from shared.db.migrate import upgrade
-from shared.db.users import create_user
-from shared.redis_keys import RedisKeys
-from shared.settings import CommonSettings
-from shared.tool_contract import read_catalogue
 from signalbox.processes import Child, ServiceCommands, log_contains, python_module
 from signalbox.redis_server import RedisServer, free_port, start_redis
+from signalbox.shared.celery_app import make_celery
+from signalbox.shared.db import make_engine, make_session_factory
+from signalbox.shared.db.migrate import upgrade
+from signalbox.shared.db.users import create_user
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import CommonSettings
+from signalbox.shared.tool_contract import read_catalogue
 from signalbox.stack import Stack, StackConfig
 from tests.fake_anthropic import FakeAnthropic
 

@@ -1,7 +1,7 @@
 """Benchmarks of the gateway under load: event relay latency, and idle connections.
 
 ``relay``: a producer process appends events to N conversations' streams with the
-orchestrator's own code (``shared.event_stream.EventStream.append``), each carrying its
+orchestrator's own code (``signalbox.shared.event_stream.EventStream.append``), each carrying its
 send time (``time.monotonic``, one clock for every process on Linux); N WebSocket
 clients, one per conversation, record when each arrives. The baseline is the same
 producer writing raw ``XADD`` entries and N raw ``XREAD BLOCK`` readers on the same Redis.
@@ -28,9 +28,9 @@ from websockets.asyncio.client import ClientConnection, connect
 from bench.environment import BenchEnv, proc_cpu_s, proc_status_kib
 from bench.machine import REPO
 from bench.stats import Result, Series
-from shared.db.models import Conversation
-from shared.ids import new_id
 from signalbox.processes import wait_until
+from signalbox.shared.db.models import Conversation
+from signalbox.shared.ids import new_id
 
 PERIOD_S = 0.1  # a conversation streams one event per 100 ms (a model's coalesced deltas)...
 MAX_EVENTS_PER_S = 500  # ...until the total reaches this: more saturates a 2-core machine

@@ -38,10 +38,10 @@ from bench.environment import BenchEnv, proc_cpu_s, proc_tree_cpu_s
 from bench.gateway_load import CONNECT_CONCURRENCY
 from bench.stats import Result, Series
 from bench.turns import MODEL_STEPS, TOOL_STEPS, TOOLS_PER_STEP
-from services.tools.test_tools import counter_key
-from shared.db.models import ToolCall, Turn
-from shared.event_stream import id_after
 from signalbox.processes import Child, log_contains
+from signalbox.services.tools.test_tools import counter_key
+from signalbox.shared.db.models import ToolCall, Turn
+from signalbox.shared.event_stream import id_after
 from tests.fake_anthropic import Scripted, text, tool_use
 
 CONVERSATIONS = 200

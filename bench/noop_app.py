@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import time
 
-from shared.celery_app import make_celery
-from shared.settings import CommonSettings, load
+from signalbox.shared.celery_app import make_celery
+from signalbox.shared.settings import CommonSettings, load
 
 NOOP_TASK = "bench.noop"
 SLEEP_TASK = "bench.sleep"

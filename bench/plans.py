@@ -22,9 +22,15 @@ from typing import Any
 from bench.environment import BenchEnv
 from bench.stats import Result, Series
 from bench.turns import TimedEvents, in_process_runtime, queued_turn
-from services.orchestrator.loop import run_turn
-from services.orchestrator.model import ModelEvent, ModelRequest, StepEnd, TextDelta, ToolUse
-from shared.ids import new_id
+from signalbox.services.orchestrator.loop import run_turn
+from signalbox.services.orchestrator.model import (
+    ModelEvent,
+    ModelRequest,
+    StepEnd,
+    TextDelta,
+    ToolUse,
+)
+from signalbox.shared.ids import new_id
 
 LEVELS = 3
 PER_LEVEL = 4

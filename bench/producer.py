@@ -15,8 +15,8 @@ from typing import Any
 
 import redis
 
-from shared.event_stream import EventStream
-from shared.redis_keys import RedisKeys
+from signalbox.shared.event_stream import EventStream
+from signalbox.shared.redis_keys import RedisKeys
 
 
 def produce(

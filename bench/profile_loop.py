@@ -1,6 +1,6 @@
 """``python -m bench.profile_loop [TURNS]``: the agent loop in-process, under pyinstrument.
 
-The ``turn`` benchmark's baseline (``services.orchestrator.loop.run_turn`` with the model
+The ``turn`` benchmark's baseline (``signalbox.services.orchestrator.loop.run_turn`` with the model
 and the tools called in this process, on a private Redis and SQLite) run ``TURNS`` times
 after a warm-up, profiled; prints the call tree. This is the profile docs/benchmarks.md
 quotes for where a model step's time goes when nothing crosses a process boundary.
@@ -14,7 +14,7 @@ import time
 
 from bench import turns
 from bench.environment import BenchEnv
-from services.orchestrator.loop import run_turn
+from signalbox.services.orchestrator.loop import run_turn
 
 WARMUP_TURNS = 3
 INTERVAL_S = 0.0005

@@ -1,7 +1,7 @@
 """Benchmarks of tool calls: dispatch, fanout, timeout and throughput.
 
 The bench process plays the orchestrator with the orchestrator's own code: calls go out
-through ``services.orchestrator.dispatch.CeleryDispatcher`` (one Celery group, per-call
+through ``signalbox.services.orchestrator.dispatch.CeleryDispatcher`` (one Celery group, per-call
 time limits) to real prefork tool workers, and results are taken back the way
 ``server_calls.gather`` takes them: ``XREAD BLOCK`` on the turn's result stream.
 The baselines run a bare no-op Celery task (``bench.noop_app``) on workers started with
@@ -20,9 +20,9 @@ from celery import Celery, group
 from bench.environment import BenchEnv, proc_tree_cpu_s
 from bench.noop_app import NOOP_QUEUE, NOOP_TASK, SLEEP_TASK
 from bench.stats import Result, Series
-from services.orchestrator.dispatch import HARD_LIMIT_EXTRA_S, CeleryDispatcher
-from shared.ids import new_id
-from shared.tool_contract import ToolCallRequest, ToolResult, ToolSpec, read_catalogue
+from signalbox.services.orchestrator.dispatch import HARD_LIMIT_EXTRA_S, CeleryDispatcher
+from signalbox.shared.ids import new_id
+from signalbox.shared.tool_contract import ToolCallRequest, ToolResult, ToolSpec, read_catalogue
 
 GRACE_S = 5.0  # the orchestrator's default tool_grace_s: beyond it a call is lost
 BARE_TIMEOUT_S = 30.0

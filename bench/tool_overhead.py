@@ -16,13 +16,13 @@ import httpx
 import redis
 
 from bench.stats import Result, Series
-from services.tools.execution import execute
-from services.tools.registry import ToolContext
-from services.tools.workspace_tools import registry as workspace_registry
-from shared.ids import new_id
-from shared.redis_keys import RedisKeys
-from shared.settings import ToolsSettings
-from shared.tool_contract import ToolCallRequest
+from signalbox.services.tools.execution import execute
+from signalbox.services.tools.registry import ToolContext
+from signalbox.services.tools.workspace_tools import registry as workspace_registry
+from signalbox.shared.ids import new_id
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import ToolsSettings
+from signalbox.shared.tool_contract import ToolCallRequest
 
 FILE_TEXT = "".join(f"line {i}: the quick brown fox\n" for i in range(40))  # ~1.2 KB
 

@@ -3,7 +3,7 @@
 The client is a real WebSocket (``tests.wsclient.WsClient``) on a real gateway; turns run
 on a real orchestrator worker whose model is the fake Messages API
 (``tests.fake_anthropic``) over HTTP, streaming in the real SSE format with no delay.
-The ``turn`` baseline runs the same loop (``services.orchestrator.loop.run_turn``) in
+The ``turn`` baseline runs the same loop (``signalbox.services.orchestrator.loop.run_turn``) in
 this process, on the same Redis and SQL, with the model and the tools called directly.
 """
 
@@ -22,17 +22,23 @@ import redis
 from bench.environment import DUMMY_API_KEY, BenchEnv
 from bench.stats import Result, Series
 from bench.tool_calls import bare_parallel
-from services.orchestrator.anthropic_model import AnthropicModel
-from services.orchestrator.loop import Runtime, run_turn
-from services.orchestrator.model import ModelEvent, ModelRequest, StepEnd, TextDelta, ToolUse
-from services.tools import test_tools
-from services.tools.execution import Deps, context_for, execute
-from shared.db.models import Conversation, Turn
-from shared.event_stream import EventStream
-from shared.events import EventKind
-from shared.ids import new_id
-from shared.settings import OrchestratorSettings, ToolsSettings
-from shared.tool_contract import ToolCallRequest, ToolSpec, publish_result
+from signalbox.services.orchestrator.anthropic_model import AnthropicModel
+from signalbox.services.orchestrator.loop import Runtime, run_turn
+from signalbox.services.orchestrator.model import (
+    ModelEvent,
+    ModelRequest,
+    StepEnd,
+    TextDelta,
+    ToolUse,
+)
+from signalbox.services.tools import test_tools
+from signalbox.services.tools.execution import Deps, context_for, execute
+from signalbox.shared.db.models import Conversation, Turn
+from signalbox.shared.event_stream import EventStream
+from signalbox.shared.events import EventKind
+from signalbox.shared.ids import new_id
+from signalbox.shared.settings import OrchestratorSettings, ToolsSettings
+from signalbox.shared.tool_contract import ToolCallRequest, ToolSpec, publish_result
 from tests.fake_anthropic import Scripted, text, tool_use
 from tests.wsclient import Frame, WsClient
 

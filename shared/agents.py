@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.settings import OrchestratorSettings
-from shared.tool_contract import ApprovalMode
+from signalbox.shared.settings import OrchestratorSettings
+from signalbox.shared.tool_contract import ApprovalMode
 
 DEFAULT_AGENT = "default"
 

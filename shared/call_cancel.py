@@ -21,7 +21,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from shared.redis_keys import RedisKeys
+from signalbox.shared.redis_keys import RedisKeys
 
 CANCEL_SIGNAL = "SIGUSR2"
 # Long enough for the revoke broadcast to reach every worker and its signal to land

@@ -12,8 +12,8 @@ from typing import Any
 
 from celery import Celery
 
-from shared import broker_fixes
-from shared.settings import CommonSettings
+from signalbox.shared import broker_fixes
+from signalbox.shared.settings import CommonSettings
 
 ORCHESTRATOR_QUEUE = "orchestrator"
 TOOLS_QUEUE = "tools"

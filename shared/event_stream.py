@@ -15,8 +15,8 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from shared.events import EVENT_DATA, Event, EventKind, utc_now
-from shared.redis_keys import RedisKeys
+from signalbox.shared.events import EVENT_DATA, Event, EventKind, utc_now
+from signalbox.shared.redis_keys import RedisKeys
 
 STREAM_MAXLEN = 10_000  # events kept per conversation; older ones answer replay_gap
 _ID = re.compile(r"\d{1,20}-\d{1,20}")

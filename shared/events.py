@@ -8,7 +8,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.timestamps import rfc3339
+from signalbox.shared.timestamps import rfc3339
 
 EventKind = Literal[
     "conversation_created",

@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from shared.proposals_api import GitState
-from shared.protocol import ErrorCode
+from signalbox.shared.proposals_api import GitState
+from signalbox.shared.protocol import ErrorCode
 
 
 class _Reply(BaseModel):
@@ -115,7 +115,7 @@ class UploadPublic(_Reply):
 
     upload_id: str
     name: str
-    kind: str  # a shared.events.AttachmentKind: text | image | pdf
+    kind: str  # a signalbox.shared.events.AttachmentKind: text | image | pdf
     media_type: str
     size: int
     sha256: str
@@ -127,7 +127,7 @@ class TurnView(_Reply):
 
     turn_id: str
     seq: int
-    status: str  # a shared.statuses.TurnState
+    status: str  # a signalbox.shared.statuses.TurnState
     text: str
     client_turn_id: str | None
     cancel_requested: bool

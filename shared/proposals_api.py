@@ -12,10 +12,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.events import FileOperation, ProposalStatus
-from shared.ids import ID_MAX_CHARS, ID_PATTERN
-from shared.protocol import MAX_REASON_CHARS as MAX_REASON_CHARS  # one limit for WS and HTTP
-from shared.protocol import NO_NUL
+from signalbox.shared.events import FileOperation, ProposalStatus
+from signalbox.shared.ids import ID_MAX_CHARS, ID_PATTERN
+from signalbox.shared.protocol import (
+    MAX_REASON_CHARS as MAX_REASON_CHARS,
+)  # one limit for WS and HTTP
+from signalbox.shared.protocol import NO_NUL
 
 MAX_FILES = 200  # one proposal is one reviewable change; more is a mistake, not a use case
 MAX_PATH_CHARS = 4096  # PATH_MAX on Linux

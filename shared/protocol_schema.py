@@ -6,7 +6,7 @@ same module (``ack``, ``error``, ``pong``, ``heartbeat``) and from ``shared/even
 ``docs/protocol.schema.json`` so a client in any language can check or generate its types;
 ``tests/shared/test_protocol_schema.py`` fails when it is stale. Regenerate with::
 
-    python -m shared.protocol_schema
+    python -m signalbox.shared.protocol_schema
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Annotated, Any, Literal, Union, cast
 
 from pydantic import BaseModel, Field, TypeAdapter, create_model
 
-from shared.events import EVENT_DATA
-from shared.protocol import Ack, ClientFrame, ErrorFrame, Heartbeat, Pong
-from shared.timestamps import RFC3339_PATTERN
+from signalbox.shared.events import EVENT_DATA
+from signalbox.shared.protocol import Ack, ClientFrame, ErrorFrame, Heartbeat, Pong
+from signalbox.shared.timestamps import RFC3339_PATTERN
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "docs" / "protocol.schema.json"
 SCHEMA_ID = "https://signalbox.dev/protocol.schema.json"
@@ -83,7 +83,8 @@ def protocol_schema() -> dict[str, Any]:
         "title": "Signalbox WebSocket protocol",
         "description": (
             "Every frame of GET /ws, either way (docs/protocol.md). Generated from "
-            "shared/protocol.py and shared/events.py by `python -m shared.protocol_schema`."
+            "shared/protocol.py and shared/events.py by "
+            "`python -m signalbox.shared.protocol_schema`."
         ),
         "anyOf": [{"$ref": "#/$defs/ClientFrame"}, {"$ref": "#/$defs/ServerFrame"}],
         "$defs": dict(sorted(defs.items())),

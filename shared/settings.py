@@ -12,7 +12,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.secret_files import DEFAULT_SECRET_DENYLIST
+from signalbox.shared.secret_files import DEFAULT_SECRET_DENYLIST
 
 PLACEHOLDERS = frozenset({"", "changeme", "change-me", "changethis", "secret", "xxx", "todo"})
 

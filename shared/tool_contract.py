@@ -14,7 +14,7 @@ from typing import Any, Literal
 import redis
 from pydantic import BaseModel, Field
 
-from shared.redis_keys import RedisKeys
+from signalbox.shared.redis_keys import RedisKeys
 
 ApprovalMode = Literal["auto", "confirm", "deny"]
 SideEffect = Literal["read", "propose", "execute"]

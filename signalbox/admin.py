@@ -15,8 +15,8 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
 
-from shared.db import ApiToken, User, UserLimits, make_engine, make_session_factory
-from shared.db.users import create_user, issue_token, revoke_tokens
+from signalbox.shared.db import ApiToken, User, UserLimits, make_engine, make_session_factory
+from signalbox.shared.db.users import create_user, issue_token, revoke_tokens
 
 
 class AdminError(RuntimeError):
@@ -41,7 +41,9 @@ def safe_url(database_url: str) -> str:
 
 def migrate(database_url: str) -> None:
     """Bring the database up to the newest schema."""
-    from shared.db.migrate import upgrade  # alembic is slow to import and only needed here
+    from signalbox.shared.db.migrate import (
+        upgrade,
+    )  # alembic is slow to import and only needed here
 
     upgrade(database_url)
 

@@ -23,8 +23,10 @@ from typing import Any, TextIO
 
 from pydantic import ValidationError
 
-from shared.agents import AgentConfig
-from shared.db.agents import (
+from signalbox.admin import AdminError, session_for
+from signalbox.client import Client
+from signalbox.shared.agents import AgentConfig
+from signalbox.shared.db.agents import (
     AgentExists,
     FoundAgent,
     add_version,
@@ -33,9 +35,7 @@ from shared.db.agents import (
     deployment_agents,
     find_in_scope,
 )
-from shared.gateway_api import AgentView
-from signalbox.admin import AdminError, session_for
-from signalbox.client import Client
+from signalbox.shared.gateway_api import AgentView
 
 Json = dict[str, Any]
 

@@ -21,9 +21,6 @@ from typing import Any, Literal, TextIO
 
 from pydantic import BaseModel
 
-from shared.events import Event
-from shared.protocol import Answer, Cancel, DecideProposal, DecideTool, UserTurn
-from shared.statuses import TurnState
 from signalbox.chat_render import Renderer, render_proposal
 from signalbox.client import (
     AsyncClient,
@@ -36,6 +33,9 @@ from signalbox.client import (
     StateChange,
     TurnAck,
 )
+from signalbox.shared.events import Event
+from signalbox.shared.protocol import Answer, Cancel, DecideProposal, DecideTool, UserTurn
+from signalbox.shared.statuses import TurnState
 
 Frame = dict[str, Any]
 Policy = Literal["ask", "approve", "reject", "leave"]
@@ -189,8 +189,8 @@ class ChatClient:
     # -- sending ---------------------------------------------------------------------------
 
     def send(self, request: BaseModel) -> None:
-        """Send ``request`` (a ``shared.protocol`` frame) in the background; the SDK sends it
-        again after a reconnect until it is answered. Its reply is shown by ``_replied``."""
+        """Send ``request`` (a ``signalbox.shared.protocol`` frame) in the background; the SDK
+        sends it again after a reconnect until it is answered. ``_replied`` shows its reply."""
         self._requests += 1
         key = self._requests
         sent = frame_of(request)

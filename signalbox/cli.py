@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from shared.settings import CommonSettings, SettingsError, load
 from signalbox import admin
 from signalbox.gateway_api import ApiError, resolve_token, resolve_url
+from signalbox.shared.settings import CommonSettings, SettingsError, load
 
 
 def _port(value: str) -> int:

@@ -20,7 +20,7 @@ Example (``acme/hooks.py``, installed through the ``signalbox.hooks`` entry-poin
 
 from __future__ import annotations
 
-from services.orchestrator.hooks import (
+from signalbox.services.orchestrator.hooks import (
     DEFAULT_HOOK_TIMEOUT_S,
     ENTRY_POINT_GROUP,
     HOOK_POINTS,
@@ -30,7 +30,7 @@ from services.orchestrator.hooks import (
     ToolVerdict,
     TurnContext,
 )
-from services.orchestrator.model import ModelRequest, ToolUse
+from signalbox.services.orchestrator.model import ModelRequest, ToolUse
 
 __all__ = [
     "DEFAULT_HOOK_TIMEOUT_S",

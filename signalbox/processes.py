@@ -167,16 +167,18 @@ class ServiceCommands:
         # Its own entry point, not the uvicorn command: the server's read limits come from
         # the gateway's settings there (services/gateway/app.py, server_config).
         return python_module(
-            "services.gateway.app", "--host", self.host, "--port", str(port),
+            "signalbox.services.gateway.app", "--host", self.host, "--port", str(port),
         )  # fmt: skip
 
     def proposals(self, port: int) -> list[str]:
         # Its own entry point, as the gateway's: the body limit and umask are set in main().
-        return python_module("services.proposals.app", "--host", self.host, "--port", str(port))
+        return python_module(
+            "signalbox.services.proposals.app", "--host", self.host, "--port", str(port)
+        )
 
     def orchestrator(self, name: str) -> list[str]:
         return python_module(
-            "celery", "-A", "services.orchestrator.worker:app", "worker",
+            "celery", "-A", "signalbox.services.orchestrator.worker:app", "worker",
             "-Q", "orchestrator", "--pool", "threads",
             "-c", str(self.orchestrator_concurrency), "-n", name, "--without-gossip",
             "--without-mingle", "--loglevel", "INFO",
@@ -186,7 +188,7 @@ class ServiceCommands:
         # A worker with an embedded beat (-B): RedBeat's Redis lock lets any number of them
         # run with one beat ticking (services/scheduler/worker.py).
         return python_module(
-            "celery", "-A", "services.scheduler.worker:app", "worker", "-B",
+            "celery", "-A", "signalbox.services.scheduler.worker:app", "worker", "-B",
             "-Q", "scheduler", "--pool", "threads",
             "-c", str(self.scheduler_concurrency), "-n", name, "--without-gossip",
             "--without-mingle", "--loglevel", "INFO",
@@ -194,7 +196,7 @@ class ServiceCommands:
 
     def tools(self, name: str, queues: str = "tools,tools.sandbox") -> list[str]:
         return python_module(
-            "celery", "-A", "services.tools.worker:app", "worker",
+            "celery", "-A", "signalbox.services.tools.worker:app", "worker",
             "-Q", queues, "--pool", "prefork",
             "-c", str(self.tools_concurrency), "-n", name, "--without-gossip",
             "--without-mingle", "--loglevel", "INFO",

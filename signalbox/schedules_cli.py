@@ -15,9 +15,9 @@ from typing import TextIO
 
 from pydantic import ValidationError
 
-from shared.schedules_api import AlarmOut, ScheduleIn, ScheduleOut, SchedulePatch
-from shared.timestamps import rfc3339, rfc3339_or_none
 from signalbox.client import Client, SignalboxError
+from signalbox.shared.schedules_api import AlarmOut, ScheduleIn, ScheduleOut, SchedulePatch
+from signalbox.shared.timestamps import rfc3339, rfc3339_or_none
 
 
 def add_arguments(

@@ -22,15 +22,20 @@ from typing import TextIO
 
 from sqlalchemy import select
 
-from shared.db import User
-from shared.db.migrate import sqlite_file
-from shared.db.users import create_user, issue_token, user_for_token
-from shared.file_modes import PRIVATE_FILE_MODE, keep_new_files_private, make_private, private_dir
-from shared.settings import CommonSettings, OrchestratorSettings, load
 from signalbox.admin import migrate, safe_url, session_for
 from signalbox.agents_cli import ensure_chat_agent
 from signalbox.processes import Child, StartError
 from signalbox.redis_server import RedisServer, RedisUnavailable, find_or_start_redis
+from signalbox.shared.db import User
+from signalbox.shared.db.migrate import sqlite_file
+from signalbox.shared.db.users import create_user, issue_token, user_for_token
+from signalbox.shared.file_modes import (
+    PRIVATE_FILE_MODE,
+    keep_new_files_private,
+    make_private,
+    private_dir,
+)
+from signalbox.shared.settings import CommonSettings, OrchestratorSettings, load
 from signalbox.stack import Stack, StackConfig
 
 ADMIN_USER = "admin"
@@ -136,13 +141,16 @@ def sandbox_env(env: dict[str, str]) -> tuple[dict[str, str], str]:
 
     A tools worker refuses to start where the sandbox cannot hold (no bubblewrap, not root,
     no memory cgroup). ``up`` asks the same question first (``python -m
-    services.tools.sandbox``) and, if the answer is no, starts its workers with
+    signalbox.services.tools.sandbox``) and, if the answer is no, starts its workers with
     ``SIGNALBOX_SANDBOX=off``, which withdraws run_python, and says so: never unconfined.
     """
     if env.get("SIGNALBOX_SANDBOX") == "off":
         return {}, "run_python off (SIGNALBOX_SANDBOX=off)"
     probe = subprocess.run(
-        [sys.executable, "-m", "services.tools.sandbox"], env=env, capture_output=True, text=True
+        [sys.executable, "-m", "signalbox.services.tools.sandbox"],
+        env=env,
+        capture_output=True,
+        text=True,
     )
     said = (probe.stdout.strip() or probe.stderr.strip()).splitlines()
     if probe.returncode == 0:

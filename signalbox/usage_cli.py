@@ -10,11 +10,11 @@ from datetime import UTC, datetime
 
 from sqlalchemy import select
 
-from shared.db import User, UserLimits
-from shared.db.budgets import budget_states
-from shared.db.usage import GroupBy, UsageSum, summarize
-from shared.timestamps import rfc3339
 from signalbox.admin import AdminError, session_for
+from signalbox.shared.db import User, UserLimits
+from signalbox.shared.db.budgets import budget_states
+from signalbox.shared.db.usage import GroupBy, UsageSum, summarize
+from signalbox.shared.timestamps import rfc3339
 
 HEADER = ("requests", "input", "cache write", "cache read", "output", "cost USD")
 

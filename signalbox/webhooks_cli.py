@@ -13,8 +13,8 @@ import sys
 from collections.abc import Callable
 from typing import TextIO
 
-from shared.webhooks_api import DeliveryView, EventKindName, WebhookView
 from signalbox.client import Client, SignalboxError
+from signalbox.shared.webhooks_api import DeliveryView, EventKindName, WebhookView
 
 EVENT_KINDS: tuple[str, ...] = EventKindName.__args__  # type: ignore[attr-defined]
 

@@ -18,11 +18,11 @@ import redis
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db import make_engine, make_session_factory
-from shared.db.migrate import upgrade
-from shared.db.users import create_user
-from shared.redis_keys import RedisKeys
 from signalbox.redis_server import find_or_start_redis
+from signalbox.shared.db import make_engine, make_session_factory
+from signalbox.shared.db.migrate import upgrade
+from signalbox.shared.db.users import create_user
+from signalbox.shared.redis_keys import RedisKeys
 from signalbox.stack import Stack, StackConfig
 
 

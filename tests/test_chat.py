@@ -18,12 +18,12 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from shared.event_stream import EventStream
-from shared.redis_keys import RedisKeys
 from signalbox.chat import ChatClient, ChatOptions, Prompt
 from signalbox.chat_render import Renderer, render_proposal, short_input
 from signalbox.client import ws_url
 from signalbox.gateway_api import ApiError, resolve_token
+from signalbox.shared.event_stream import EventStream
+from signalbox.shared.redis_keys import RedisKeys
 from signalbox.stack import Stack
 
 CHAT_TIMEOUT_S = 90

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from shared.db import make_engine, make_session_factory
-from shared.db.migrate import upgrade
-from shared.db.users import user_for_token
 from signalbox.admin import revoke_user_tokens
 from signalbox.cli import main
 from signalbox.processes import Child
 from signalbox.redis_server import RedisServer
+from signalbox.shared.db import make_engine, make_session_factory
+from signalbox.shared.db.migrate import upgrade
+from signalbox.shared.db.users import user_for_token
 from signalbox.stack import Stack, StackConfig
 from signalbox.up import (
     ADMIN_USER,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.db.migrate import upgrade
-from shared.ids import new_id
 from signalbox.cli import main
+from signalbox.shared.db.migrate import upgrade
+from signalbox.shared.ids import new_id
 from tests.gateway.conftest import (  # noqa: F401 (fixtures)
     LiveGateway,
     gateway,
@@ -82,9 +82,9 @@ def test_a_user_manages_their_agents_through_the_gateway(
 
 
 def test_up_defines_the_chat_agent_once_and_never_revives_it(tmp_path: Path) -> None:
-    from shared.db import make_engine, make_session_factory
-    from shared.db.agents import archive_agent, find_in_scope
     from signalbox.agents_cli import ensure_chat_agent
+    from signalbox.shared.db import make_engine, make_session_factory
+    from signalbox.shared.db.agents import archive_agent, find_in_scope
 
     url = f"sqlite:///{tmp_path / 'up.db'}"
     upgrade(url)

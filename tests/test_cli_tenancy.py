@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from shared.db import ModelRequest, User, UserLimits, make_engine, make_session_factory
-from shared.db.migrate import upgrade
 from signalbox.cli import main
+from signalbox.shared.db import ModelRequest, User, UserLimits, make_engine, make_session_factory
+from signalbox.shared.db.migrate import upgrade
 
 
 def test_admin_role_and_budgets_from_the_command_line(

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.db import ModelRequest, User, make_engine, make_session_factory
-from shared.db.migrate import upgrade
 from signalbox.cli import main
+from signalbox.shared.db import ModelRequest, User, make_engine, make_session_factory
+from signalbox.shared.db.migrate import upgrade
 
 
 def _request(user_id: str, model: str, cost: float | None) -> ModelRequest:

@@ -16,7 +16,9 @@ import pytest
 import yaml
 from pydantic_settings import BaseSettings
 
-from shared.settings import (
+from signalbox.cli import build_parser
+from signalbox.processes import ServiceCommands
+from signalbox.shared.settings import (
     CommonSettings,
     GatewaySettings,
     OrchestratorSettings,
@@ -24,8 +26,6 @@ from shared.settings import (
     ToolsSettings,
     load,
 )
-from signalbox.cli import build_parser
-from signalbox.processes import ServiceCommands
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -41,7 +41,7 @@ SETTINGS_OF: dict[str, type[BaseSettings]] = {
     "scheduler": CommonSettings,
 }
 ENTRY_POINT = re.compile(r"\b((?:services|shared|signalbox)(?:\.\w+)+):(\w+)\b")
-# `python -m services.gateway.app`: a module of ours run as a program, through its main().
+# `python -m signalbox.services.gateway.app`: a module of ours run as a program, through its main().
 RUN_MODULE = re.compile(r"(?:^|\s)-m\s+((?:services|shared|signalbox)(?:\.\w+)+)(?=\s|$)")
 INTERPOLATION = re.compile(r"\$\{(\w+)(?::?[-?]([^}]*))?\}")
 
@@ -103,7 +103,7 @@ def test_entry_point_check_tells_real_from_missing() -> None:
     with pytest.raises(AssertionError):
         check_entry_point("signalbox.cli", "no_such_attribute")
     with pytest.raises(AssertionError):
-        check_entry_point("services.no_such_service.app", "create_app")
+        check_entry_point("signalbox.services.no_such_service.app", "create_app")
 
 
 def _every_command(svc: dict[str, Any]) -> list[list[str]]:

@@ -12,10 +12,15 @@ from typing import Any, get_args, get_origin
 import pytest
 from pydantic import BaseModel
 
-from shared.events import EVENT_DATA
-from shared.ids import ID_MAX_CHARS
-from shared.proposals_api import MAX_FILES, MAX_PATH_CHARS, MAX_REASON_CHARS, ProposalPublic
-from shared.protocol import (
+from signalbox.shared.events import EVENT_DATA
+from signalbox.shared.ids import ID_MAX_CHARS
+from signalbox.shared.proposals_api import (
+    MAX_FILES,
+    MAX_PATH_CHARS,
+    MAX_REASON_CHARS,
+    ProposalPublic,
+)
+from signalbox.shared.protocol import (
     CLIENT_FRAME_TYPES,
     ClientFrame,
     ErrorCode,

@@ -28,11 +28,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from services.gateway.app import create_app, server_config
-from shared.db.users import create_user
-from shared.protocol import ClientFrame, ErrorCode
-from shared.settings import GatewaySettings
 from signalbox.redis_server import free_port
+from signalbox.services.gateway.app import create_app, server_config
+from signalbox.shared.db.users import create_user
+from signalbox.shared.protocol import ClientFrame, ErrorCode
+from signalbox.shared.settings import GatewaySettings
 
 MAX_FRAME_BYTES = 16 * 1024  # small, so "huge" frames are cheap to make
 PROTOCOL_CLOSE_CODES = {1003, 1007, 1008, 1009, 1011, 1013}
@@ -49,7 +49,7 @@ class _Errors(logging.Handler):
         self.records: list[logging.LogRecord] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.name.startswith(("services.gateway", "uvicorn")):
+        if record.name.startswith(("signalbox.services.gateway", "uvicorn")):
             self.records.append(record)
 
 

@@ -8,10 +8,10 @@ from pydantic import BaseModel
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from services.gateway.conversations import pending_calls
-from shared.db import Conversation, ToolCall, Turn
-from shared.statuses import UNFINISHED_TURNS, CallState
-from shared.timestamps import rfc3339
+from signalbox.services.gateway.conversations import pending_calls
+from signalbox.shared.db import Conversation, ToolCall, Turn
+from signalbox.shared.statuses import UNFINISHED_TURNS, CallState
+from signalbox.shared.timestamps import rfc3339
 
 ACTIVE_TURN_STATUSES = UNFINISHED_TURNS  # a turn that may still emit events
 

@@ -14,14 +14,14 @@ from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.gateway.budgets import BudgetOut, budget_out
-from services.gateway.errors import NotFound
-from services.gateway.quotas import QuotaName, Quotas
-from services.gateway.routes.usage import UsageOut
-from shared.db import User, UserLimits
-from shared.db.budgets import budget_states
-from shared.db.usage import summarize
-from shared.db.users import revoke_tokens
+from signalbox.services.gateway.budgets import BudgetOut, budget_out
+from signalbox.services.gateway.errors import NotFound
+from signalbox.services.gateway.quotas import QuotaName, Quotas
+from signalbox.services.gateway.routes.usage import UsageOut
+from signalbox.shared.db import User, UserLimits
+from signalbox.shared.db.budgets import budget_states
+from signalbox.shared.db.usage import summarize
+from signalbox.shared.db.users import revoke_tokens
 
 
 class UserUsage(BaseModel):

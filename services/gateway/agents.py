@@ -13,11 +13,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from services.gateway.errors import Conflict
-from services.gateway.ownership import owned_agent, visible_agent
-from shared.agents import DEFAULT_AGENT, AgentConfig
-from shared.db import Conversation
-from shared.db.agents import (
+from signalbox.services.gateway.errors import Conflict
+from signalbox.services.gateway.ownership import owned_agent, visible_agent
+from signalbox.shared.agents import DEFAULT_AGENT, AgentConfig
+from signalbox.shared.db import Conversation
+from signalbox.shared.db.agents import (
     AgentExists,
     FoundAgent,
     add_version,
@@ -26,7 +26,7 @@ from shared.db.agents import (
     find_agent,
     visible_agents,
 )
-from shared.timestamps import rfc3339_or_none
+from signalbox.shared.timestamps import rfc3339_or_none
 
 
 def agent_json(found: FoundAgent) -> dict[str, Any]:

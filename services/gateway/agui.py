@@ -41,10 +41,10 @@ from ag_ui.core import (
     UserMessage,
 )
 
-from services.gateway.errors import BadInput
-from shared.events import Event
-from shared.ids import is_id
-from shared.protocol import MAX_ID_CHARS, MAX_TURN_TEXT_CHARS
+from signalbox.services.gateway.errors import BadInput
+from signalbox.shared.events import Event
+from signalbox.shared.ids import is_id
+from signalbox.shared.protocol import MAX_ID_CHARS, MAX_TURN_TEXT_CHARS
 
 CUSTOM_PREFIX = "signalbox."  # CUSTOM events are named signalbox.<event kind>
 # Kinds that belong to the conversation, not to the run: the route starts reading after

@@ -1,4 +1,4 @@
-"""The gateway's entry point: ``python -m services.gateway.app --host H --port P``.
+"""The gateway's entry point: ``python -m signalbox.services.gateway.app --host H --port P``.
 
 ``main`` builds uvicorn's config from the gateway's settings (``server_config``), so the
 limits the server must enforce while it reads (the WebSocket frame size) come from
@@ -20,9 +20,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
-from services.gateway import redaction, ws
-from services.gateway.errors import GatewayError
-from services.gateway.routes import (
+from signalbox.services.gateway import redaction, ws
+from signalbox.services.gateway.errors import GatewayError
+from signalbox.services.gateway.routes import (
     activity,
     admin,
     agents,
@@ -43,11 +43,11 @@ from services.gateway.routes import (
     webhooks,
     workspaces,
 )
-from services.gateway.state import Gateway
-from services.gateway.webhook_deliverer import WebhookDeliverer
-from shared.body_limit import BodyLimit
-from shared.file_modes import keep_new_files_private
-from shared.settings import GatewaySettings, SettingsError, load
+from signalbox.services.gateway.state import Gateway
+from signalbox.services.gateway.webhook_deliverer import WebhookDeliverer
+from signalbox.shared.body_limit import BodyLimit
+from signalbox.shared.file_modes import keep_new_files_private
+from signalbox.shared.settings import GatewaySettings, SettingsError, load
 
 # uvicorn's own protocol on the websockets library: its frame parser checks the length in
 # each frame header (and the running total of a fragmented or compressed message) against
@@ -58,7 +58,7 @@ WS_PROTOCOL = "websockets-sansio"
 def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     """The gateway app; settings are read from ``SIGNALBOX_*`` once, here."""
     settings = settings or load(GatewaySettings)
-    logging.getLogger("services.gateway").setLevel(settings.log_level)
+    logging.getLogger("signalbox.services.gateway").setLevel(settings.log_level)
     redaction.install()
 
     @asynccontextmanager
@@ -144,7 +144,7 @@ def server_config(
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve the gateway until stopped; 1 with a message naming the variable on bad settings."""
     parser = argparse.ArgumentParser(
-        prog="python -m services.gateway.app", description="Serve the Signalbox gateway."
+        prog="python -m signalbox.services.gateway.app", description="Serve the Signalbox gateway."
     )
     parser.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")

@@ -10,12 +10,12 @@ from __future__ import annotations
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
-from services.gateway.errors import BudgetExceeded, NotFound
-from services.gateway.metrics import user_class
-from services.gateway.state import Gateway
-from shared.db import User, UserLimits
-from shared.db.budgets import BudgetState, Period, budget_states, exceeded_budget
-from shared.timestamps import rfc3339
+from signalbox.services.gateway.errors import BudgetExceeded, NotFound
+from signalbox.services.gateway.metrics import user_class
+from signalbox.services.gateway.state import Gateway
+from signalbox.shared.db import User, UserLimits
+from signalbox.shared.db.budgets import BudgetState, Period, budget_states, exceeded_budget
+from signalbox.shared.timestamps import rfc3339
 
 
 class BudgetOut(BaseModel):

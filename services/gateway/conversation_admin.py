@@ -11,9 +11,9 @@ from datetime import UTC, datetime
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
-from services.gateway.ownership import owned_conversation
-from shared.db import Conversation
-from shared.timestamps import rfc3339_or_none
+from signalbox.services.gateway.ownership import owned_conversation
+from signalbox.shared.db import Conversation
+from signalbox.shared.timestamps import rfc3339_or_none
 
 
 class ConversationOut(BaseModel):

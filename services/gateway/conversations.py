@@ -9,16 +9,20 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.gateway.agents import bind_agent
-from services.gateway.errors import NotFound
-from services.gateway.ownership import owned_conversation
-from services.gateway.quotas import Quotas
-from services.gateway.state import Gateway
-from services.gateway.workspaces import checked_workspace, ensure_workspace, make_workspace_dir
-from shared.db import Conversation, Message, Proposal, ToolCall, Turn, User
-from shared.ids import new_id
-from shared.statuses import CallState, Executor
-from shared.timestamps import rfc3339_or_none
+from signalbox.services.gateway.agents import bind_agent
+from signalbox.services.gateway.errors import NotFound
+from signalbox.services.gateway.ownership import owned_conversation
+from signalbox.services.gateway.quotas import Quotas
+from signalbox.services.gateway.state import Gateway
+from signalbox.services.gateway.workspaces import (
+    checked_workspace,
+    ensure_workspace,
+    make_workspace_dir,
+)
+from signalbox.shared.db import Conversation, Message, Proposal, ToolCall, Turn, User
+from signalbox.shared.ids import new_id
+from signalbox.shared.statuses import CallState, Executor
+from signalbox.shared.timestamps import rfc3339_or_none
 
 TITLE_CHARS = 60  # a new conversation is titled with the start of its first message
 

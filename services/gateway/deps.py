@@ -8,13 +8,13 @@ from fastapi import Depends, HTTPException, Path
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.requests import HTTPConnection
 
-from services.gateway.errors import Forbidden
-from services.gateway.metrics import user_class
-from services.gateway.rate_limit import MUTATING_METHODS, action_for_route
-from services.gateway.state import Gateway
-from shared.db import User
-from shared.db.users import user_for_token
-from shared.ids import ID_MAX_CHARS, ID_PATTERN
+from signalbox.services.gateway.errors import Forbidden
+from signalbox.services.gateway.metrics import user_class
+from signalbox.services.gateway.rate_limit import MUTATING_METHODS, action_for_route
+from signalbox.services.gateway.state import Gateway
+from signalbox.shared.db import User
+from signalbox.shared.db.users import user_for_token
+from signalbox.shared.ids import ID_MAX_CHARS, ID_PATTERN
 
 _bearer = HTTPBearer(auto_error=False)
 

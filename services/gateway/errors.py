@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from shared.protocol import ErrorCode
+from signalbox.shared.protocol import ErrorCode
 
 
 class GatewayError(Exception):

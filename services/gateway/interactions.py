@@ -11,13 +11,13 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, update
 from sqlalchemy.orm import Session
 
-from services.gateway.errors import Conflict, NotFound
-from services.gateway.ownership import owned_tool_call
-from services.gateway.state import Gateway
-from shared.auth import hash_token, same_secret
-from shared.db import ToolCall
-from shared.events import tool_call_finished
-from shared.statuses import CallState, Executor
+from signalbox.services.gateway.errors import Conflict, NotFound
+from signalbox.services.gateway.ownership import owned_tool_call
+from signalbox.services.gateway.state import Gateway
+from signalbox.shared.auth import hash_token, same_secret
+from signalbox.shared.db import ToolCall
+from signalbox.shared.events import tool_call_finished
+from signalbox.shared.statuses import CallState, Executor
 
 ASK_USER = "ask_user"  # the orchestrator's built-in question tool
 INLINE, CLIENT = Executor.INLINE, Executor.CLIENT  # ask_user, and a client tool

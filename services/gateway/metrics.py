@@ -16,8 +16,8 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from shared.db import Turn
-from shared.protocol import CLIENT_FRAME_TYPES
+from signalbox.shared.db import Turn
+from signalbox.shared.protocol import CLIENT_FRAME_TYPES
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.gateway.errors import Conflict, NotFound
-from shared.db import Alarm, Conversation, Schedule, ToolCall, Turn
-from shared.db.agents import FoundAgent, find_agent, find_in_scope
+from signalbox.services.gateway.errors import Conflict, NotFound
+from signalbox.shared.db import Alarm, Conversation, Schedule, ToolCall, Turn
+from signalbox.shared.db.agents import FoundAgent, find_agent, find_in_scope
 
 
 def owned_conversation(session: Session, user_id: str, conversation_id: str) -> Conversation:

@@ -9,10 +9,10 @@ from typing import Any, Literal, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from services.gateway.errors import BadInput, Conflict, NotFound, Unavailable
-from services.gateway.state import Gateway
-from shared.ids import is_id
-from shared.proposals_api import (
+from signalbox.services.gateway.errors import BadInput, Conflict, NotFound, Unavailable
+from signalbox.services.gateway.state import Gateway
+from signalbox.shared.ids import is_id
+from signalbox.shared.proposals_api import (
     DECIDED_MAX_LIMIT,
     ApproveBody,
     DecidedProposals,
@@ -23,7 +23,7 @@ from shared.proposals_api import (
     RevertBody,
     WorkspaceStatus,
 )
-from shared.workspace_paths import check_workspace_name
+from signalbox.shared.workspace_paths import check_workspace_name
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Per-user quotas on stored things: conversations, workspaces, uploads and their bytes.
 
 A quota is checked in the transaction that inserts, after locking the user's row
-(``shared.db.concurrency.lock_row``): two creations racing for the user's last slot
+(``signalbox.shared.db.concurrency.lock_row``): two creations racing for the user's last slot
 serialise on it, the second counts the first, and a refused one has written nothing. The
 limit is the user's own (``user_limits.quotas``, set by an admin) over the deployment's
 ``SIGNALBOX_QUOTA_*``.
@@ -16,11 +16,11 @@ from typing import Literal, get_args
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from services.gateway.errors import QuotaExceeded
-from services.gateway.metrics import GatewayMetrics, user_class
-from shared.db import Conversation, Upload, User, UserLimits, Workspace
-from shared.db.concurrency import lock_row
-from shared.settings import GatewaySettings
+from signalbox.services.gateway.errors import QuotaExceeded
+from signalbox.services.gateway.metrics import GatewayMetrics, user_class
+from signalbox.shared.db import Conversation, Upload, User, UserLimits, Workspace
+from signalbox.shared.db.concurrency import lock_row
+from signalbox.shared.settings import GatewaySettings
 
 QuotaName = Literal["conversations", "workspaces", "uploads", "upload_bytes"]
 QUOTA_NAMES: tuple[QuotaName, ...] = get_args(QuotaName)

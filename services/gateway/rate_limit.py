@@ -24,10 +24,10 @@ from limits import RateLimitItem, parse
 from limits.aio.storage import RedisStorage
 from limits.aio.strategies import MovingWindowRateLimiter
 
-from services.gateway.errors import RateLimited
-from services.gateway.metrics import GatewayMetrics
-from shared.redis_keys import RedisKeys
-from shared.settings import GatewaySettings
+from signalbox.services.gateway.errors import RateLimited
+from signalbox.services.gateway.metrics import GatewayMetrics
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import GatewaySettings
 
 Action = Literal["frames", "turns", "decisions", "tickets", "uploads", "writes"]
 

@@ -24,9 +24,9 @@ from collections.abc import AsyncIterator, Callable
 
 from redis.asyncio.connection import ConnectionPool
 
-from services.gateway.stream_reader import Entry, StreamReader
-from shared.event_stream import AsyncEventStream, decode, id_after
-from shared.events import Event
+from signalbox.services.gateway.stream_reader import Entry, StreamReader
+from signalbox.shared.event_stream import AsyncEventStream, decode, id_after
+from signalbox.shared.events import Event
 
 log = logging.getLogger(__name__)
 

@@ -11,22 +11,26 @@ import anyio
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from services.gateway.errors import BadInput
-from services.gateway.ownership import (
+from signalbox.services.gateway.errors import BadInput
+from signalbox.services.gateway.ownership import (
     owned_alarm,
     owned_conversation,
     owned_schedule,
     visible_agent,
 )
-from services.gateway.state import Gateway
-from services.gateway.workspaces import checked_workspace, ensure_workspace, make_workspace_dir
-from shared.agents import DEFAULT_AGENT
-from shared.celery_app import SCHEDULER_QUEUE, SYNC_ALARM_TASK, SYNC_SCHEDULE_TASK
-from shared.db import Alarm, Schedule, ScheduleRun, User
-from shared.db.models import as_utc
-from shared.ids import new_id
-from shared.schedule_times import BadSchedule, check_cron, check_hours, zone
-from shared.schedules_api import (
+from signalbox.services.gateway.state import Gateway
+from signalbox.services.gateway.workspaces import (
+    checked_workspace,
+    ensure_workspace,
+    make_workspace_dir,
+)
+from signalbox.shared.agents import DEFAULT_AGENT
+from signalbox.shared.celery_app import SCHEDULER_QUEUE, SYNC_ALARM_TASK, SYNC_SCHEDULE_TASK
+from signalbox.shared.db import Alarm, Schedule, ScheduleRun, User
+from signalbox.shared.db.models import as_utc
+from signalbox.shared.ids import new_id
+from signalbox.shared.schedule_times import BadSchedule, check_cron, check_hours, zone
+from signalbox.shared.schedules_api import (
     AlarmOut,
     ScheduleIn,
     ScheduleOut,

@@ -20,15 +20,15 @@ from redis.backoff import ExponentialBackoff
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.gateway.metrics import GatewayMetrics
-from services.gateway.quotas import Quotas
-from services.gateway.rate_limit import RateLimits
-from services.gateway.relay import RELAY_SOCKET_TIMEOUT_S, RelayHub
-from shared.celery_app import ORCHESTRATOR_QUEUE, RUN_TURN_TASK, make_celery
-from shared.db import make_engine, make_session_factory
-from shared.event_stream import AsyncEventStream
-from shared.redis_keys import RedisKeys
-from shared.settings import GatewaySettings
+from signalbox.services.gateway.metrics import GatewayMetrics
+from signalbox.services.gateway.quotas import Quotas
+from signalbox.services.gateway.rate_limit import RateLimits
+from signalbox.services.gateway.relay import RELAY_SOCKET_TIMEOUT_S, RelayHub
+from signalbox.shared.celery_app import ORCHESTRATOR_QUEUE, RUN_TURN_TASK, make_celery
+from signalbox.shared.db import make_engine, make_session_factory
+from signalbox.shared.event_stream import AsyncEventStream
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import GatewaySettings
 
 T = TypeVar("T")
 

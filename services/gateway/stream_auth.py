@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from fastapi import HTTPException
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from services.gateway.deps import user_from_token
-from services.gateway.ownership import owned_conversation
-from services.gateway.state import Gateway
-from services.gateway.tickets import consume_ticket
-from shared.auth import hash_token
+from signalbox.services.gateway.deps import user_from_token
+from signalbox.services.gateway.ownership import owned_conversation
+from signalbox.services.gateway.state import Gateway
+from signalbox.services.gateway.tickets import consume_ticket
+from signalbox.shared.auth import hash_token
 
 RESUME_WINDOW_S = 120  # a browser retries within seconds; two minutes covers a gateway restart
 _REFRESH_EVERY_S = RESUME_WINDOW_S / 4  # while the stream is open, the grant is kept alive

@@ -30,7 +30,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from redis.asyncio.connection import ConnectionPool
 
-from shared.event_stream import id_after
+from signalbox.shared.event_stream import id_after
 
 log = logging.getLogger(__name__)
 

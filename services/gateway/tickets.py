@@ -6,7 +6,7 @@ import secrets
 
 import redis.asyncio as aioredis
 
-from shared.redis_keys import RedisKeys
+from signalbox.shared.redis_keys import RedisKeys
 
 TICKET_TTL_S = 30  # PROTOCOL.md: a ticket is good for 30 s and one handshake
 

@@ -12,13 +12,13 @@ from typing import Any, Literal, cast
 from sqlalchemy import CursorResult, or_, update
 from sqlalchemy.orm import Session
 
-from services.gateway.errors import Conflict
-from services.gateway.ownership import owned_tool_call
-from services.gateway.state import Gateway
-from shared.db import ToolCall
-from shared.db.models import as_utc
-from shared.statuses import CallDecision, CallState
-from shared.timestamps import rfc3339
+from signalbox.services.gateway.errors import Conflict
+from signalbox.services.gateway.ownership import owned_tool_call
+from signalbox.services.gateway.state import Gateway
+from signalbox.shared.db import ToolCall
+from signalbox.shared.db.models import as_utc
+from signalbox.shared.statuses import CallDecision, CallState
+from signalbox.shared.timestamps import rfc3339
 
 
 def _rfc3339(value: datetime) -> str:

@@ -15,21 +15,25 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from services.gateway.agents import bind_agent, check_bound_agent
-from services.gateway.budgets import refuse_over_budget
-from services.gateway.conversations import TITLE_CHARS, announce_conversation, create_conversation
-from services.gateway.errors import Conflict, TurnBusy, Unavailable
-from services.gateway.metrics import user_class
-from services.gateway.ownership import owned_conversation, owned_turn
-from services.gateway.quotas import Quotas
-from services.gateway.state import Gateway
-from services.gateway.uploads import owned_attachments
-from shared.db import Conversation, Turn, User
-from shared.db.concurrency import lock_row
-from shared.events import Attachment
-from shared.ids import new_id
-from shared.protocol import ClientToolSpec
-from shared.statuses import UNFINISHED_TURNS, TurnState
+from signalbox.services.gateway.agents import bind_agent, check_bound_agent
+from signalbox.services.gateway.budgets import refuse_over_budget
+from signalbox.services.gateway.conversations import (
+    TITLE_CHARS,
+    announce_conversation,
+    create_conversation,
+)
+from signalbox.services.gateway.errors import Conflict, TurnBusy, Unavailable
+from signalbox.services.gateway.metrics import user_class
+from signalbox.services.gateway.ownership import owned_conversation, owned_turn
+from signalbox.services.gateway.quotas import Quotas
+from signalbox.services.gateway.state import Gateway
+from signalbox.services.gateway.uploads import owned_attachments
+from signalbox.shared.db import Conversation, Turn, User
+from signalbox.shared.db.concurrency import lock_row
+from signalbox.shared.events import Attachment
+from signalbox.shared.ids import new_id
+from signalbox.shared.protocol import ClientToolSpec
+from signalbox.shared.statuses import UNFINISHED_TURNS, TurnState
 
 log = logging.getLogger(__name__)
 

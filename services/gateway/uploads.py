@@ -26,12 +26,12 @@ from urllib.parse import quote
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.gateway.errors import BadInput, GatewayError, NotFound
-from shared.db import Upload
-from shared.events import Attachment, AttachmentKind
-from shared.gateway_api import UploadPublic
-from shared.ids import new_id
-from shared.timestamps import rfc3339_or_none
+from signalbox.services.gateway.errors import BadInput, GatewayError, NotFound
+from signalbox.shared.db import Upload
+from signalbox.shared.events import Attachment, AttachmentKind
+from signalbox.shared.gateway_api import UploadPublic
+from signalbox.shared.ids import new_id
+from signalbox.shared.timestamps import rfc3339_or_none
 
 IMAGE_MAX_BYTES = 5 * 1024 * 1024  # the Messages API's limit of one image
 PDF_MAX_BYTES = 32 * 1024 * 1024  # the Messages API's limit of one request, so of one PDF

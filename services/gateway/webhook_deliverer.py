@@ -29,10 +29,10 @@ import httpx
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db.models import now
-from shared.db.webhooks import Webhook, WebhookDelivery
-from shared.public_address import AddressRefused, resolve_checked
-from shared.settings import GatewaySettings
+from signalbox.shared.db.models import now
+from signalbox.shared.db.webhooks import Webhook, WebhookDelivery
+from signalbox.shared.public_address import AddressRefused, resolve_checked
+from signalbox.shared.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,12 @@ from sqlalchemy import delete as sql_delete
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.gateway.errors import BadInput, NotFound
-from shared.db.webhooks import WEBHOOK_EVENT_KINDS, Webhook, WebhookDelivery
-from shared.ids import new_id
-from shared.public_address import AddressRefused, resolve_checked
-from shared.timestamps import rfc3339, rfc3339_or_none
-from shared.webhooks_api import (
+from signalbox.services.gateway.errors import BadInput, NotFound
+from signalbox.shared.db.webhooks import WEBHOOK_EVENT_KINDS, Webhook, WebhookDelivery
+from signalbox.shared.ids import new_id
+from signalbox.shared.public_address import AddressRefused, resolve_checked
+from signalbox.shared.timestamps import rfc3339, rfc3339_or_none
+from signalbox.shared.webhooks_api import (
     DeliveryView,
     EventKindName,
     NewWebhook,

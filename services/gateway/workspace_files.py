@@ -20,9 +20,15 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from services.gateway.errors import BadInput, NotFound
-from shared.safe_paths import NotRelative, SymlinkInPath, open_dirs_at, open_root, relative_path
-from shared.workspace_paths import workspace_dir
+from signalbox.services.gateway.errors import BadInput, NotFound
+from signalbox.shared.safe_paths import (
+    NotRelative,
+    SymlinkInPath,
+    open_dirs_at,
+    open_root,
+    relative_path,
+)
+from signalbox.shared.workspace_paths import workspace_dir
 
 MAX_ENTRIES = 2000  # a directory listing stops here (``truncated``)
 MAX_READ_BYTES = 512 * 1024  # a file view shows at most this much (``truncated``)

@@ -15,13 +15,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.gateway import proposals_client
-from services.gateway.errors import BadInput, NotFound
-from services.gateway.state import Gateway
-from shared.db import User, Workspace
-from shared.db.concurrency import insert_or_get
-from shared.ids import new_id
-from shared.workspace_paths import check_workspace_name, workspace_dir
+from signalbox.services.gateway import proposals_client
+from signalbox.services.gateway.errors import BadInput, NotFound
+from signalbox.services.gateway.state import Gateway
+from signalbox.shared.db import User, Workspace
+from signalbox.shared.db.concurrency import insert_or_get
+from signalbox.shared.ids import new_id
+from signalbox.shared.workspace_paths import check_workspace_name, workspace_dir
 
 DEFAULT_WORKSPACE = "default"  # every user has it (users.selected_workspace starts there)
 

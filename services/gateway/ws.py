@@ -6,10 +6,10 @@ from urllib.parse import urlsplit
 
 from fastapi import APIRouter, WebSocket
 
-from services.gateway.deps import get_gateway, user_from_token
-from services.gateway.state import Gateway
-from services.gateway.tickets import consume_ticket
-from services.gateway.ws_session import WsSession
+from signalbox.services.gateway.deps import get_gateway, user_from_token
+from signalbox.services.gateway.state import Gateway
+from signalbox.services.gateway.tickets import consume_ticket
+from signalbox.services.gateway.ws_session import WsSession
 
 router = APIRouter()
 

@@ -19,17 +19,17 @@ from pydantic import BaseModel
 from sqlalchemy.orm import Session
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from services.gateway import interactions, proposals_client, tool_decisions, turns
-from services.gateway.errors import BadInput, GatewayError, ReplayGapError
-from services.gateway.metrics import user_class
-from services.gateway.ownership import owned_conversation
-from services.gateway.rate_limit import FRAME_ACTIONS
-from services.gateway.relay import Subscription
-from services.gateway.state import Gateway
-from shared.db import User
-from shared.event_stream import ReplayGap, check_event_id
-from shared.events import Event, utc_now
-from shared.protocol import (
+from signalbox.services.gateway import interactions, proposals_client, tool_decisions, turns
+from signalbox.services.gateway.errors import BadInput, GatewayError, ReplayGapError
+from signalbox.services.gateway.metrics import user_class
+from signalbox.services.gateway.ownership import owned_conversation
+from signalbox.services.gateway.rate_limit import FRAME_ACTIONS
+from signalbox.services.gateway.relay import Subscription
+from signalbox.services.gateway.state import Gateway
+from signalbox.shared.db import User
+from signalbox.shared.event_stream import ReplayGap, check_event_id
+from signalbox.shared.events import Event, utc_now
+from signalbox.shared.protocol import (
     Ack,
     Answer,
     Cancel,

@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from sqlalchemy import func, or_, select
 
-from services.orchestrator.builtin_tools import SPAWN_AGENT
-from services.orchestrator.store import CLIENT, PlannedCall
-from shared.agents import AgentSpec
-from shared.db.models import ToolCall
-from shared.statuses import CallState
+from signalbox.services.orchestrator.builtin_tools import SPAWN_AGENT
+from signalbox.services.orchestrator.store import CLIENT, PlannedCall
+from signalbox.shared.agents import AgentSpec
+from signalbox.shared.db.models import ToolCall
+from signalbox.shared.statuses import CallState
 
 if TYPE_CHECKING:
-    from services.orchestrator.turn_runner import TurnRunner
+    from signalbox.services.orchestrator.turn_runner import TurnRunner
 
 
 class _Offered(Protocol):

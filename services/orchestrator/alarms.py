@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.orchestrator.builtin_tools import ALARM_MAX_AHEAD_S, AlarmInput
-from services.orchestrator.store import TurnInfo
-from shared.db import Alarm
-from shared.db.models import ToolCall, as_utc
-from shared.ids import ID_MAX_CHARS
-from shared.statuses import CallState
-from shared.timestamps import rfc3339
+from signalbox.services.orchestrator.builtin_tools import ALARM_MAX_AHEAD_S, AlarmInput
+from signalbox.services.orchestrator.store import TurnInfo
+from signalbox.shared.db import Alarm
+from signalbox.shared.db.models import ToolCall, as_utc
+from signalbox.shared.ids import ID_MAX_CHARS
+from signalbox.shared.statuses import CallState
+from signalbox.shared.timestamps import rfc3339
 
 if TYPE_CHECKING:
-    from services.orchestrator.turn_runner import TurnRunner
+    from signalbox.services.orchestrator.turn_runner import TurnRunner
 
 log = logging.getLogger(__name__)
 

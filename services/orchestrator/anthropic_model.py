@@ -24,8 +24,8 @@ import httpx2
 from anthropic import NOT_GIVEN
 from anthropic.lib.streaming import MessageStream
 
-from services.orchestrator import prompt_cache
-from services.orchestrator.model import (
+from signalbox.services.orchestrator import prompt_cache
+from signalbox.services.orchestrator.model import (
     ModelError,
     ModelEvent,
     ModelRequest,

@@ -35,9 +35,9 @@ from typing import Any
 import redis
 from sqlalchemy import select
 
-from services.orchestrator.store import FINISHED_TURN_STATUSES, Sessions
-from services.orchestrator.transcript import DECIDED_PROPOSAL_STATUSES
-from shared.db.models import Proposal, Turn
+from signalbox.services.orchestrator.store import FINISHED_TURN_STATUSES, Sessions
+from signalbox.services.orchestrator.transcript import DECIDED_PROPOSAL_STATUSES
+from signalbox.shared.db.models import Proposal, Turn
 
 log = logging.getLogger(__name__)
 

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import IntegrityError
 
-from shared.db.budgets import BudgetState, budget_states
-from shared.db.tenancy import BudgetWarning
-from shared.events import BudgetWarningData
-from shared.timestamps import rfc3339
+from signalbox.shared.db.budgets import BudgetState, budget_states
+from signalbox.shared.db.tenancy import BudgetWarning
+from signalbox.shared.events import BudgetWarningData
+from signalbox.shared.timestamps import rfc3339
 
 if TYPE_CHECKING:
-    from services.orchestrator.turn_runner import TurnRunner
+    from signalbox.services.orchestrator.turn_runner import TurnRunner
 
 
 def exhausted(runner: TurnRunner) -> BudgetState | None:

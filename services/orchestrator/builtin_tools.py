@@ -16,8 +16,8 @@ from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, Field, ValidationError, model_validator
 
-from services.orchestrator.model import ToolDef
-from shared.protocol import ClientToolSpec
+from signalbox.services.orchestrator.model import ToolDef
+from signalbox.shared.protocol import ClientToolSpec
 
 ASK_USER = "ask_user"
 SPAWN_AGENT = "spawn_agent"

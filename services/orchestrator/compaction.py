@@ -21,21 +21,21 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from services.orchestrator import usage
-from services.orchestrator.context_budget import CHARS_PER_TOKEN
-from services.orchestrator.model import (
+from signalbox.services.orchestrator import usage
+from signalbox.services.orchestrator.context_budget import CHARS_PER_TOKEN
+from signalbox.services.orchestrator.model import (
     ModelError,
     ModelRequest,
     StepEnd,
     StepRetry,
     TextDelta,
 )
-from services.orchestrator.transcript import ProposalNotes, load_messages
-from shared.db.models import Compaction, Message, Turn
-from shared.ids import new_id
+from signalbox.services.orchestrator.transcript import ProposalNotes, load_messages
+from signalbox.shared.db.models import Compaction, Message, Turn
+from signalbox.shared.ids import new_id
 
 if TYPE_CHECKING:
-    from services.orchestrator.turn_runner import TurnRunner
+    from signalbox.services.orchestrator.turn_runner import TurnRunner
 
 NOTE_HEADER = "[Summary of the earlier conversation, which is no longer shown in full]"
 SUMMARY_SYSTEM = (

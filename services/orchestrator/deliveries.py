@@ -17,7 +17,7 @@ import logging
 
 import redis
 
-from shared.redis_keys import RedisKeys
+from signalbox.shared.redis_keys import RedisKeys
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from services.orchestrator.context_budget import estimate_tokens
-from services.orchestrator.prompt_cache import CachedPrompt
+from signalbox.services.orchestrator.context_budget import estimate_tokens
+from signalbox.services.orchestrator.prompt_cache import CachedPrompt
 
 LOOKBACK_BLOCKS = 20
 MIN_CACHEABLE_TOKENS = 1024

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from services.orchestrator import prompt_cache
-from services.orchestrator.demo_cache import DemoPromptCache
-from services.orchestrator.model import (
+from signalbox.services.orchestrator import prompt_cache
+from signalbox.services.orchestrator.demo_cache import DemoPromptCache
+from signalbox.services.orchestrator.model import (
     ModelEvent,
     ModelRequest,
     StepEnd,

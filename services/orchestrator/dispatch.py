@@ -16,10 +16,10 @@ import redis
 from celery import Celery
 from kombu.utils.uuid import uuid
 
-from shared.call_cancel import CANCEL_SIGNAL, mark_cancelled
-from shared.celery_app import RUN_TOOL_TASK
-from shared.redis_keys import RedisKeys
-from shared.tool_contract import ToolCallRequest, ToolSpec
+from signalbox.shared.call_cancel import CANCEL_SIGNAL, mark_cancelled
+from signalbox.shared.celery_app import RUN_TOOL_TASK
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.tool_contract import ToolCallRequest, ToolSpec
 
 # The hard kill comes this long after the soft limit asked nicely. Short, because a call
 # that ignores its soft limit is reported (by the worker's main process) only at the kill:

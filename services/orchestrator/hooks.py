@@ -37,10 +37,10 @@ from importlib.metadata import EntryPoint, entry_points
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from services.orchestrator.model import ModelRequest, ToolUse
+from signalbox.services.orchestrator.model import ModelRequest, ToolUse
 
 if TYPE_CHECKING:
-    from services.orchestrator.turn_runner import TurnRunner
+    from signalbox.services.orchestrator.turn_runner import TurnRunner
 
 log = logging.getLogger(__name__)
 

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import logging
 
-from services.orchestrator import deliveries, store
-from services.orchestrator.cancel_watch import CancelWatch
-from services.orchestrator.lease import LeaseLost, TurnLease
-from services.orchestrator.runtime import REDIS_DOWN, Runtime
-from services.orchestrator.store import FINISHED_TURN_STATUSES, TurnInfo
-from services.orchestrator.turn_runner import TurnRunner
+from signalbox.services.orchestrator import deliveries, store
+from signalbox.services.orchestrator.cancel_watch import CancelWatch
+from signalbox.services.orchestrator.lease import LeaseLost, TurnLease
+from signalbox.services.orchestrator.runtime import REDIS_DOWN, Runtime
+from signalbox.services.orchestrator.store import FINISHED_TURN_STATUSES, TurnInfo
+from signalbox.services.orchestrator.turn_runner import TurnRunner
 
 __all__ = ["Runtime", "TurnRunner", "run_turn"]
 

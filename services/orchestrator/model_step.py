@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
-from services.orchestrator import compaction, hooks, plan_graph, planner, store, usage
-from services.orchestrator.agent_tools import agent_offers, cap_sub_agents
-from services.orchestrator.approvals import Stamp
-from services.orchestrator.builtin_tools import (
+from signalbox.services.orchestrator import compaction, hooks, plan_graph, planner, store, usage
+from signalbox.services.orchestrator.agent_tools import agent_offers, cap_sub_agents
+from signalbox.services.orchestrator.approvals import Stamp
+from signalbox.services.orchestrator.builtin_tools import (
     ALARM,
     ASK_USER,
     BUILTIN_DEFS,
@@ -39,9 +39,9 @@ from services.orchestrator.builtin_tools import (
     client_tools,
     input_problem,
 )
-from services.orchestrator.context_budget import blocks, estimate_tokens, fit
-from services.orchestrator.context_window import input_budget, window_tokens
-from services.orchestrator.model import (
+from signalbox.services.orchestrator.context_budget import blocks, estimate_tokens, fit
+from signalbox.services.orchestrator.context_window import input_budget, window_tokens
+from signalbox.services.orchestrator.model import (
     ModelError,
     ModelEvent,
     ModelRequest,
@@ -54,22 +54,22 @@ from services.orchestrator.model import (
     ToolDef,
     ToolUse,
 )
-from services.orchestrator.policy import Decision, with_agent
-from services.orchestrator.store import CLIENT, INLINE, SERVER, PlannedCall
-from services.orchestrator.text_deltas import DeltaBuffer
-from services.orchestrator.transcript import (
+from signalbox.services.orchestrator.policy import Decision, with_agent
+from signalbox.services.orchestrator.store import CLIENT, INLINE, SERVER, PlannedCall
+from signalbox.services.orchestrator.text_deltas import DeltaBuffer
+from signalbox.services.orchestrator.transcript import (
     OPEN_CALL_STATUSES,
     ProposalNotes,
     load_messages,
     load_proposal_notes,
 )
-from shared.agents import AgentSpec
-from shared.db.models import ToolCall
-from shared.timestamps import rfc3339
-from shared.tool_contract import ApprovalMode
+from signalbox.shared.agents import AgentSpec
+from signalbox.shared.db.models import ToolCall
+from signalbox.shared.timestamps import rfc3339
+from signalbox.shared.tool_contract import ApprovalMode
 
 if TYPE_CHECKING:
-    from services.orchestrator.turn_runner import TurnRunner
+    from signalbox.services.orchestrator.turn_runner import TurnRunner
 
 log = logging.getLogger(__name__)
 

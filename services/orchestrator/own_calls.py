@@ -13,15 +13,15 @@ import logging
 import secrets
 from typing import TYPE_CHECKING
 
-from services.orchestrator import store
-from services.orchestrator.builtin_tools import ASK_USER, AskUserInput, SpawnAgentInput
-from services.orchestrator.lease import LeaseLost
-from shared.auth import hash_token
-from shared.db.models import ToolCall
-from shared.events import tool_call_started
+from signalbox.services.orchestrator import store
+from signalbox.services.orchestrator.builtin_tools import ASK_USER, AskUserInput, SpawnAgentInput
+from signalbox.services.orchestrator.lease import LeaseLost
+from signalbox.shared.auth import hash_token
+from signalbox.shared.db.models import ToolCall
+from signalbox.shared.events import tool_call_started
 
 if TYPE_CHECKING:
-    from services.orchestrator.turn_runner import TurnRunner
+    from signalbox.services.orchestrator.turn_runner import TurnRunner
 
 log = logging.getLogger(__name__)
 

@@ -18,13 +18,13 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from services.orchestrator import store, usage
-from services.orchestrator.model import ModelRequest, StepEnd, ToolDef, ToolUse
-from shared.db.models import ModelRequest as RequestRow
-from shared.events import ToolsSelected
+from signalbox.services.orchestrator import store, usage
+from signalbox.services.orchestrator.model import ModelRequest, StepEnd, ToolDef, ToolUse
+from signalbox.shared.db.models import ModelRequest as RequestRow
+from signalbox.shared.events import ToolsSelected
 
 if TYPE_CHECKING:
-    from services.orchestrator.turn_runner import TurnRunner
+    from signalbox.services.orchestrator.turn_runner import TurnRunner
 
 log = logging.getLogger(__name__)
 

@@ -27,17 +27,17 @@ from typing import TYPE_CHECKING, Any, cast
 from sqlalchemy import CursorResult, select, update
 from sqlalchemy.orm import Session
 
-from services.orchestrator import model_step, plan_graph, server_calls, store
-from services.orchestrator.model import ToolUse
-from services.orchestrator.transcript import OPEN_CALL_STATUSES
-from shared.db.models import ToolCall
-from shared.db.plans import PlanStep
-from shared.events import PlanFinished, PlannedStep, PlanStarted, PlanStepChanged
-from shared.ids import new_id
-from shared.statuses import CallState, PlanStepState
+from signalbox.services.orchestrator import model_step, plan_graph, server_calls, store
+from signalbox.services.orchestrator.model import ToolUse
+from signalbox.services.orchestrator.transcript import OPEN_CALL_STATUSES
+from signalbox.shared.db.models import ToolCall
+from signalbox.shared.db.plans import PlanStep
+from signalbox.shared.events import PlanFinished, PlannedStep, PlanStarted, PlanStepChanged
+from signalbox.shared.ids import new_id
+from signalbox.shared.statuses import CallState, PlanStepState
 
 if TYPE_CHECKING:
-    from services.orchestrator.turn_runner import TurnRunner
+    from signalbox.services.orchestrator.turn_runner import TurnRunner
 
 log = logging.getLogger(__name__)
 

@@ -39,8 +39,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from shared.settings import OrchestratorSettings
-from shared.tool_contract import ApprovalMode
+from signalbox.shared.settings import OrchestratorSettings
+from signalbox.shared.tool_contract import ApprovalMode
 
 ALL_TOOLS = "*"
 

@@ -25,15 +25,15 @@ from typing import Any
 import redis
 from sqlalchemy import select
 
-from services.orchestrator.store import (
+from signalbox.services.orchestrator.store import (
     FINISHED_TURN_STATUSES,
     Sessions,
     parked_turns,
     ready_to_continue,
     utcnow,
 )
-from shared.db.models import Turn, as_utc
-from shared.redis_keys import RedisKeys
+from signalbox.shared.db.models import Turn, as_utc
+from signalbox.shared.redis_keys import RedisKeys
 
 log = logging.getLogger(__name__)
 

@@ -9,18 +9,18 @@ from datetime import datetime
 
 import redis
 
-from services.orchestrator.approvals import ApprovalFeed
-from services.orchestrator.dispatch import Dispatcher
-from services.orchestrator.hooks import Hooks
-from services.orchestrator.model import Model
-from services.orchestrator.policy import ToolPolicy
-from services.orchestrator.pricing import PriceTable
-from services.orchestrator.store import Sessions, utcnow
-from services.orchestrator.token_count import TokenCounter
-from shared.event_stream import EventStream
-from shared.redis_keys import RedisKeys
-from shared.settings import OrchestratorSettings
-from shared.tool_contract import ToolSpec, read_catalogue
+from signalbox.services.orchestrator.approvals import ApprovalFeed
+from signalbox.services.orchestrator.dispatch import Dispatcher
+from signalbox.services.orchestrator.hooks import Hooks
+from signalbox.services.orchestrator.model import Model
+from signalbox.services.orchestrator.policy import ToolPolicy
+from signalbox.services.orchestrator.pricing import PriceTable
+from signalbox.services.orchestrator.store import Sessions, utcnow
+from signalbox.services.orchestrator.token_count import TokenCounter
+from signalbox.shared.event_stream import EventStream
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import OrchestratorSettings
+from signalbox.shared.tool_contract import ToolSpec, read_catalogue
 
 # Redis errors that mean "not reachable now" rather than a bug in a command.
 REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError)

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from services.orchestrator import store
-from shared.db.models import ToolCall, as_utc
-from shared.events import tool_call_started
-from shared.tool_contract import ToolCallRequest, ToolResult
+from signalbox.services.orchestrator import store
+from signalbox.shared.db.models import ToolCall, as_utc
+from signalbox.shared.events import tool_call_started
+from signalbox.shared.tool_contract import ToolCallRequest, ToolResult
 
 if TYPE_CHECKING:
-    from services.orchestrator.turn_runner import TurnRunner
+    from signalbox.services.orchestrator.turn_runner import TurnRunner
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, Table, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.orchestrator.model import ToolUse
-from services.orchestrator.transcript import OPEN_CALL_STATUSES
-from shared.db.models import (
+from signalbox.services.orchestrator.model import ToolUse
+from signalbox.services.orchestrator.transcript import OPEN_CALL_STATUSES
+from signalbox.shared.db.models import (
     AgentVersion,
     Conversation,
     Message,
@@ -27,9 +27,9 @@ from shared.db.models import (
     Turn,
     as_utc,
 )
-from shared.ids import new_id
-from shared.statuses import CallDecision, CallState, Executor, TurnState
-from shared.timestamps import rfc3339
+from signalbox.shared.ids import new_id
+from signalbox.shared.statuses import CallDecision, CallState, Executor, TurnState
+from signalbox.shared.timestamps import rfc3339
 
 FINISHED_TURN_STATUSES = frozenset(
     {

@@ -13,23 +13,23 @@ from typing import Any
 import redis
 from celery.signals import worker_ready, worker_shutdown
 
-from services.orchestrator.anthropic_model import AnthropicModel, unset_if_empty
-from services.orchestrator.approvals import ApprovalFeed
-from services.orchestrator.demo_model import DemoModel
-from services.orchestrator.dispatch import CeleryDispatcher
-from services.orchestrator.loop import Runtime
-from services.orchestrator.loop import run_turn as run_turn_loop
-from services.orchestrator.model import Model
-from services.orchestrator.pricing import PriceTable
-from services.orchestrator.recovery import Reconciler
-from services.orchestrator.token_count import ApiTokenCounter, TokenCounter
-from services.orchestrator.worker import app, hooks, policy, settings
-from shared.celery_app import RUN_TURN_TASK, SCHEDULER_QUEUE, SYNC_ALARM_TASK
-from shared.db import make_engine, make_session_factory
-from shared.events import turn_finished
-from shared.redis_keys import RedisKeys
-from shared.settings import OrchestratorSettings
-from shared.statuses import TurnState
+from signalbox.services.orchestrator.anthropic_model import AnthropicModel, unset_if_empty
+from signalbox.services.orchestrator.approvals import ApprovalFeed
+from signalbox.services.orchestrator.demo_model import DemoModel
+from signalbox.services.orchestrator.dispatch import CeleryDispatcher
+from signalbox.services.orchestrator.loop import Runtime
+from signalbox.services.orchestrator.loop import run_turn as run_turn_loop
+from signalbox.services.orchestrator.model import Model
+from signalbox.services.orchestrator.pricing import PriceTable
+from signalbox.services.orchestrator.recovery import Reconciler
+from signalbox.services.orchestrator.token_count import ApiTokenCounter, TokenCounter
+from signalbox.services.orchestrator.worker import app, hooks, policy, settings
+from signalbox.shared.celery_app import RUN_TURN_TASK, SCHEDULER_QUEUE, SYNC_ALARM_TASK
+from signalbox.shared.db import make_engine, make_session_factory
+from signalbox.shared.events import turn_finished
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import OrchestratorSettings
+from signalbox.shared.statuses import TurnState
 
 log = logging.getLogger(__name__)
 _build_lock = threading.Lock()  # the threads pool may start several turns at once
@@ -124,7 +124,7 @@ def run_turn(self: Any, turn_id: str) -> str:
 
 
 def _record_failure(rt: Runtime, turn_id: str) -> None:
-    from services.orchestrator import store, usage
+    from signalbox.services.orchestrator import store, usage
 
     try:
         info = store.load_turn(rt.sessions, turn_id)

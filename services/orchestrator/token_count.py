@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import anthropic
 
-from services.orchestrator.context_budget import attachment_tokens, estimate_tokens
+from signalbox.services.orchestrator.context_budget import attachment_tokens, estimate_tokens
 
 log = logging.getLogger(__name__)
 

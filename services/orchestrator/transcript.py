@@ -30,8 +30,8 @@ from typing import Any, Protocol, get_args
 from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session, aliased, undefer
 
-from shared.db.models import Message, Proposal, ToolCall, Turn, Upload
-from shared.events import ProposalStatus
+from signalbox.shared.db.models import Message, Proposal, ToolCall, Turn, Upload
+from signalbox.shared.events import ProposalStatus
 
 FINAL_CALL_STATUSES = frozenset({"ok", "error", "timeout", "denied", "cancelled", "lost"})
 # ``waiting``: on a human (ask_user) or on the client that runs the tool, the turn parked.
@@ -41,7 +41,7 @@ DECIDED_PROPOSAL_STATUSES = tuple(s for s in get_args(ProposalStatus) if s != "p
 
 
 class MessageRow(Protocol):
-    """What the builder reads of a stored message (``shared.db.Message`` has it)."""
+    """What the builder reads of a stored message (``signalbox.shared.db.Message`` has it)."""
 
     @property
     def id(self) -> str: ...
@@ -52,7 +52,7 @@ class MessageRow(Protocol):
 
 
 class CallRow(Protocol):
-    """What the builder reads of a tool call (``shared.db.ToolCall`` has it)."""
+    """What the builder reads of a tool call (``signalbox.shared.db.ToolCall`` has it)."""
 
     @property
     def id(self) -> str: ...

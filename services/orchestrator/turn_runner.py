@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import BaseModel
 from sqlalchemy import select
 
-from services.orchestrator import (
+from signalbox.services.orchestrator import (
     alarms,
     budget,
     faults,
@@ -41,19 +41,25 @@ from services.orchestrator import (
     store,
     usage,
 )
-from services.orchestrator.builtin_tools import ALARM, RUN_PLAN
-from services.orchestrator.cancel_watch import CancelWatch
-from services.orchestrator.lease import TurnLease
-from services.orchestrator.runtime import Runtime
-from services.orchestrator.store import CLIENT, FINISHED_TURN_STATUSES, INLINE, SERVER, TurnInfo
-from services.orchestrator.transcript import OPEN_CALL_STATUSES
-from services.orchestrator.turn_deadline import TurnDeadline
-from shared.agents import AgentSpec, bound_agent
-from shared.db.models import ToolCall
-from shared.db.webhooks import WEBHOOK_EVENT_KINDS, enqueue
-from shared.events import EventKind, tool_call_finished, turn_finished
-from shared.statuses import CallDecision, CallState, TurnState
-from shared.tool_contract import ToolSpec
+from signalbox.services.orchestrator.builtin_tools import ALARM, RUN_PLAN
+from signalbox.services.orchestrator.cancel_watch import CancelWatch
+from signalbox.services.orchestrator.lease import TurnLease
+from signalbox.services.orchestrator.runtime import Runtime
+from signalbox.services.orchestrator.store import (
+    CLIENT,
+    FINISHED_TURN_STATUSES,
+    INLINE,
+    SERVER,
+    TurnInfo,
+)
+from signalbox.services.orchestrator.transcript import OPEN_CALL_STATUSES
+from signalbox.services.orchestrator.turn_deadline import TurnDeadline
+from signalbox.shared.agents import AgentSpec, bound_agent
+from signalbox.shared.db.models import ToolCall
+from signalbox.shared.db.webhooks import WEBHOOK_EVENT_KINDS, enqueue
+from signalbox.shared.events import EventKind, tool_call_finished, turn_finished
+from signalbox.shared.statuses import CallDecision, CallState, TurnState
+from signalbox.shared.tool_contract import ToolSpec
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """Usage, exactly: every model request recorded as the API billed it, and summed per turn.
 
-A step's request is one ``model_requests`` row (``shared.db.ModelRequest``), committed with
-the step itself (``store.store_step``), so a step is never counted twice nor lost: its
-tokens as the API reported them (``input_tokens``, ``output_tokens``,
+A step's request is one ``model_requests`` row (``signalbox.shared.db.ModelRequest``),
+committed with the step itself (``store.store_step``), so a step is never counted twice nor
+lost: its tokens as the API reported them (``input_tokens``, ``output_tokens``,
 ``cache_creation_input_tokens``, ``cache_read_input_tokens``), its purpose (``step``,
 ``sub_agent`` for a spawn_agent child's steps, ``planner``, ``compaction``), its outcome
 (``ok``; ``retried``: an attempt whose stream broke, billed as far as it went; ``cancelled``:
@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import func, select
 
-from services.orchestrator.context_budget import estimate_tokens
-from services.orchestrator.model import ModelRequest as Request
-from services.orchestrator.model import StepEnd, StepRetry
-from services.orchestrator.pricing import Tokens
-from shared.db.models import ModelRequest, Turn
+from signalbox.services.orchestrator.context_budget import estimate_tokens
+from signalbox.services.orchestrator.model import ModelRequest as Request
+from signalbox.services.orchestrator.model import StepEnd, StepRetry
+from signalbox.services.orchestrator.pricing import Tokens
+from signalbox.shared.db.models import ModelRequest, Turn
 
 if TYPE_CHECKING:
-    from services.orchestrator.store import Sessions
-    from services.orchestrator.turn_runner import TurnRunner
+    from signalbox.services.orchestrator.store import Sessions
+    from signalbox.services.orchestrator.turn_runner import TurnRunner
 
 Purpose = Literal["step", "sub_agent", "planner", "compaction"]
 Outcome = Literal["ok", "retried", "cancelled"]

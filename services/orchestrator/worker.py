@@ -1,15 +1,17 @@
-"""Entry point of the orchestrator: ``celery -A services.orchestrator.worker:app worker
+"""Entry point of the orchestrator: ``celery -A signalbox.services.orchestrator.worker:app worker
 -Q orchestrator --pool threads``. Threads, because a turn mostly waits on the model and on
 tool results; tool time limits are enforced on the (prefork) tool workers."""
 
 from __future__ import annotations
 
-from services.orchestrator.hooks import load_hooks
-from services.orchestrator.policy import load_policy
-from shared.celery_app import make_celery
-from shared.settings import OrchestratorSettings, load
+from signalbox.services.orchestrator.hooks import load_hooks
+from signalbox.services.orchestrator.policy import load_policy
+from signalbox.shared.celery_app import make_celery
+from signalbox.shared.settings import OrchestratorSettings, load
 
 settings = load(OrchestratorSettings)
 policy = load_policy(settings)  # here, so a broken policy stops the worker before it starts
 hooks = load_hooks(settings.hook_modules)  # likewise a hook that does not load
-app = make_celery("signalbox-orchestrator", settings, include=["services.orchestrator.tasks"])
+app = make_celery(
+    "signalbox-orchestrator", settings, include=["signalbox.services.orchestrator.tasks"]
+)

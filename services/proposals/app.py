@@ -1,4 +1,5 @@
-"""The proposals service's entry point: ``python -m services.proposals.app --host H --port P``.
+"""The proposals service's entry point:
+``python -m signalbox.services.proposals.app --host H --port P``.
 
 Like the gateway's, ``main`` sets what the server must enforce itself: a body limit checked
 while reading (``shared/body_limit.py``), no access log, and a umask of 077, so the
@@ -19,14 +20,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from services.proposals import outbox, recovery
-from services.proposals.context import ServiceContext
-from services.proposals.errors import ProposalError
-from services.proposals.routes import router
-from services.proposals.sweeper import Sweeper
-from shared.body_limit import BodyLimit
-from shared.file_modes import keep_new_files_private
-from shared.settings import ProposalsSettings, SettingsError, load
+from signalbox.services.proposals import outbox, recovery
+from signalbox.services.proposals.context import ServiceContext
+from signalbox.services.proposals.errors import ProposalError
+from signalbox.services.proposals.routes import router
+from signalbox.services.proposals.sweeper import Sweeper
+from signalbox.shared.body_limit import BodyLimit
+from signalbox.shared.file_modes import keep_new_files_private
+from signalbox.shared.settings import ProposalsSettings, SettingsError, load
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,8 @@ def create_app(settings: ProposalsSettings | None = None) -> FastAPI:
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve the proposals service until stopped; 1 with a message on bad settings."""
     parser = argparse.ArgumentParser(
-        prog="python -m services.proposals.app", description="Serve the proposals service."
+        prog="python -m signalbox.services.proposals.app",
+        description="Serve the proposals service.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8001, help="port (default 8001)")

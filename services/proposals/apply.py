@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.proposals import journal
-from services.proposals.journal import TEMP_PREFIX, Journal, JournalError, PlannedFile
-from services.proposals.workspace_files import (
+from signalbox.services.proposals import journal
+from signalbox.services.proposals.journal import TEMP_PREFIX, Journal, JournalError, PlannedFile
+from signalbox.services.proposals.workspace_files import (
     ApplyError,
     Parts,
     PathRefused,
@@ -42,7 +42,7 @@ from services.proposals.workspace_files import (
     resolve,
     write_atomic,
 )
-from shared.events import FileOperation
+from signalbox.shared.events import FileOperation
 
 __all__ = [
     "Applied",

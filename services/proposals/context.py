@@ -9,12 +9,12 @@ import redis
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.proposals import journal
-from shared.db import make_engine, make_session_factory
-from shared.event_stream import EventStream
-from shared.redis_keys import RedisKeys
-from shared.settings import ProposalsSettings
-from shared.workspace_paths import workspace_dir
+from signalbox.services.proposals import journal
+from signalbox.shared.db import make_engine, make_session_factory
+from signalbox.shared.event_stream import EventStream
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import ProposalsSettings
+from signalbox.shared.workspace_paths import workspace_dir
 
 REDIS_CONNECT_TIMEOUT_S = 2.0
 REDIS_TIMEOUT_S = 5.0

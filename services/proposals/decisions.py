@@ -26,8 +26,8 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from services.proposals import faults, git_info, outbox, recovery
-from services.proposals.apply import (
+from signalbox.services.proposals import faults, git_info, outbox, recovery
+from signalbox.services.proposals.apply import (
     FileChange,
     JournalSpec,
     PathRefused,
@@ -36,14 +36,14 @@ from services.proposals.apply import (
     read_current,
     sha256_bytes,
 )
-from services.proposals.context import ServiceContext
-from services.proposals.diffs import unified_diff
-from services.proposals.errors import BadProposal, Conflict, NotFound
-from services.proposals.proposals import load, pending_of
-from shared.db import Outbox, Proposal, ProposalFile
-from shared.db.models import as_utc, now
-from shared.events import FileOperation
-from shared.ids import new_id
+from signalbox.services.proposals.context import ServiceContext
+from signalbox.services.proposals.diffs import unified_diff
+from signalbox.services.proposals.errors import BadProposal, Conflict, NotFound
+from signalbox.services.proposals.proposals import load, pending_of
+from signalbox.shared.db import Outbox, Proposal, ProposalFile
+from signalbox.shared.db.models import as_utc, now
+from signalbox.shared.events import FileOperation
+from signalbox.shared.ids import new_id
 
 log = logging.getLogger(__name__)
 

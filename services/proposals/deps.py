@@ -7,12 +7,12 @@ from typing import Annotated
 from fastapi import Depends, Header, HTTPException, Path, Request
 from starlette.status import HTTP_401_UNAUTHORIZED, HTTP_403_FORBIDDEN
 
-from services.proposals import decisions, proposals
-from services.proposals.context import ServiceContext
-from shared.auth import same_secret
-from shared.db import Proposal, User
-from shared.db.users import user_for_token
-from shared.ids import ID_MAX_CHARS, ID_PATTERN, is_id
+from signalbox.services.proposals import decisions, proposals
+from signalbox.services.proposals.context import ServiceContext
+from signalbox.shared.auth import same_secret
+from signalbox.shared.db import Proposal, User
+from signalbox.shared.db.users import user_for_token
+from signalbox.shared.ids import ID_MAX_CHARS, ID_PATTERN, is_id
 
 
 def get_context(request: Request) -> ServiceContext:

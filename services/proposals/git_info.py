@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.db import Proposal
+from signalbox.shared.db import Proposal
 
 log = logging.getLogger(__name__)
 

@@ -18,11 +18,11 @@ import redis
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from services.proposals.context import ServiceContext
-from shared.db import Outbox, Proposal
-from shared.db.models import now
-from shared.db.webhooks import enqueue
-from shared.events import EventKind
+from signalbox.services.proposals.context import ServiceContext
+from signalbox.shared.db import Outbox, Proposal
+from signalbox.shared.db.models import now
+from signalbox.shared.db.webhooks import enqueue
+from signalbox.shared.events import EventKind
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from services.proposals.errors import NotFound
-from shared.db import Conversation, User
+from signalbox.services.proposals.errors import NotFound
+from signalbox.shared.db import Conversation, User
 
 
 def known_user(session: Session, user_id: str) -> User:

@@ -8,18 +8,18 @@ from typing import get_args
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from services.proposals import outbox
-from services.proposals.apply import PathRefused, read_current, resolve, sha256_bytes
-from services.proposals.context import ServiceContext
-from services.proposals.diffs import unified_diff
-from services.proposals.errors import BadProposal, Conflict, NotFound
-from services.proposals.ownership import owned_conversation
-from shared.db import Conversation, Outbox, Proposal, ProposalFile
-from shared.db.models import ToolCall, Turn
-from shared.events import ProposalStatus
-from shared.ids import new_id
-from shared.proposals_api import CreateProposal, ProposalPublic
-from shared.timestamps import rfc3339_or_none
+from signalbox.services.proposals import outbox
+from signalbox.services.proposals.apply import PathRefused, read_current, resolve, sha256_bytes
+from signalbox.services.proposals.context import ServiceContext
+from signalbox.services.proposals.diffs import unified_diff
+from signalbox.services.proposals.errors import BadProposal, Conflict, NotFound
+from signalbox.services.proposals.ownership import owned_conversation
+from signalbox.shared.db import Conversation, Outbox, Proposal, ProposalFile
+from signalbox.shared.db.models import ToolCall, Turn
+from signalbox.shared.events import ProposalStatus
+from signalbox.shared.ids import new_id
+from signalbox.shared.proposals_api import CreateProposal, ProposalPublic
+from signalbox.shared.timestamps import rfc3339_or_none
 
 
 def proposal_public(proposal: Proposal) -> ProposalPublic:

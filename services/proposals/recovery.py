@@ -21,9 +21,9 @@ from pathlib import Path
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from services.proposals import apply, journal
-from services.proposals.context import ServiceContext
-from shared.db import Proposal
+from signalbox.services.proposals import apply, journal
+from signalbox.services.proposals.context import ServiceContext
+from signalbox.shared.db import Proposal
 
 log = logging.getLogger(__name__)
 

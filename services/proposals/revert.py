@@ -20,13 +20,13 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 
-from services.proposals import proposals
-from services.proposals.apply import PathRefused, read_current, resolve, sha256_bytes
-from services.proposals.context import ServiceContext
-from services.proposals.errors import BadProposal, Conflict
-from shared.db import Proposal
-from shared.db.models import as_utc
-from shared.proposals_api import (
+from signalbox.services.proposals import proposals
+from signalbox.services.proposals.apply import PathRefused, read_current, resolve, sha256_bytes
+from signalbox.services.proposals.context import ServiceContext
+from signalbox.services.proposals.errors import BadProposal, Conflict
+from signalbox.shared.db import Proposal
+from signalbox.shared.db.models import as_utc
+from signalbox.shared.proposals_api import (
     MAX_FILES,
     MAX_SUMMARY_CHARS,
     CreateProposal,

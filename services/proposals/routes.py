@@ -8,9 +8,15 @@ from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
-from services.proposals import decisions, proposals, revert, workspaces
-from services.proposals.deps import Context, CurrentUser, IdPath, OwnedProposal, require_internal
-from shared.proposals_api import (
+from signalbox.services.proposals import decisions, proposals, revert, workspaces
+from signalbox.services.proposals.deps import (
+    Context,
+    CurrentUser,
+    IdPath,
+    OwnedProposal,
+    require_internal,
+)
+from signalbox.shared.proposals_api import (
     DECIDED_DEFAULT_LIMIT,
     ApproveBody,
     CreateProposal,
@@ -25,7 +31,7 @@ from shared.proposals_api import (
     RevertBody,
     WorkspaceStatus,
 )
-from shared.workspace_paths import WORKSPACE_NAME_MAX_CHARS, WORKSPACE_NAME_PATTERN
+from signalbox.shared.workspace_paths import WORKSPACE_NAME_MAX_CHARS, WORKSPACE_NAME_PATTERN
 
 router = APIRouter()
 

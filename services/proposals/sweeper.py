@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 
-from services.proposals import decisions, outbox, recovery
-from services.proposals.context import ServiceContext
+from signalbox.services.proposals import decisions, outbox, recovery
+from signalbox.services.proposals.context import ServiceContext
 
 log = logging.getLogger(__name__)
 

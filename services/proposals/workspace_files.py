@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from services.proposals import faults
-from services.proposals.journal import TEMP_PREFIX
-from shared.safe_paths import SymlinkInPath, open_dir_at, open_root
-from shared.workspace_paths import PathOutsideWorkspace, resolve_in_workspace
+from signalbox.services.proposals import faults
+from signalbox.services.proposals.journal import TEMP_PREFIX
+from signalbox.shared.safe_paths import SymlinkInPath, open_dir_at, open_root
+from signalbox.shared.workspace_paths import PathOutsideWorkspace, resolve_in_workspace
 
 # Git runs hooks and fsmonitor commands named in .git/config: an agent must never write there.
 FORBIDDEN_COMPONENTS = frozenset({".git"})

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.proposals import git_info
-from services.proposals.context import ServiceContext
-from services.proposals.errors import BadProposal
-from services.proposals.ownership import known_user
-from shared.ids import is_id
-from shared.workspace_paths import check_workspace_name
+from signalbox.services.proposals import git_info
+from signalbox.services.proposals.context import ServiceContext
+from signalbox.services.proposals.errors import BadProposal
+from signalbox.services.proposals.ownership import known_user
+from signalbox.shared.ids import is_id
+from signalbox.shared.workspace_paths import check_workspace_name
 
 
 def workspace_status(ctx: ServiceContext, user_id: str, name: str) -> dict[str, Any]:

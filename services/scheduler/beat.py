@@ -10,9 +10,9 @@ from typing import Any
 from redbeat import RedBeatScheduler
 from sqlalchemy import select
 
-from services.scheduler.entries import nominal_tick, sync_alarm, sync_schedule
-from services.scheduler.state import scheduler_state
-from shared.db import Alarm, Schedule
+from signalbox.services.scheduler.entries import nominal_tick, sync_alarm, sync_schedule
+from signalbox.services.scheduler.state import scheduler_state
+from signalbox.shared.db import Alarm, Schedule
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from redbeat import RedBeatSchedulerEntry
 from redbeat.schedulers import ensure_conf
 from redbeat.schedules import rrule
 
-from shared.db import Alarm, Schedule
-from shared.db.models import as_utc
-from shared.schedule_times import interval_tick, next_cron_fire
+from signalbox.shared.db import Alarm, Schedule
+from signalbox.shared.db.models import as_utc
+from signalbox.shared.schedule_times import interval_tick, next_cron_fire
 
 # How many missed cron times a start-up walks to find the latest (a week of minutes).
 MAX_MISSED_WALK = 7 * 24 * 60

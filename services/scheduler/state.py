@@ -8,10 +8,10 @@ from functools import cache
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db import make_engine, make_session_factory
-from shared.event_stream import EventStream
-from shared.redis_keys import RedisKeys
-from shared.settings import CommonSettings, load
+from signalbox.shared.db import make_engine, make_session_factory
+from signalbox.shared.event_stream import EventStream
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import CommonSettings, load
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,13 @@ from typing import TypeVar
 
 from sqlalchemy.orm import Session
 
-from services.scheduler.entries import sync_alarm as store_alarm
-from services.scheduler.entries import sync_schedule as store_schedule
-from services.scheduler.state import scheduler_state
-from services.scheduler.ticks import fire_alarm, run_schedule_tick
-from services.scheduler.worker import app
-from shared.celery_app import SYNC_ALARM_TASK, SYNC_SCHEDULE_TASK
-from shared.db import Alarm, Schedule
+from signalbox.services.scheduler.entries import sync_alarm as store_alarm
+from signalbox.services.scheduler.entries import sync_schedule as store_schedule
+from signalbox.services.scheduler.state import scheduler_state
+from signalbox.services.scheduler.ticks import fire_alarm, run_schedule_tick
+from signalbox.services.scheduler.worker import app
+from signalbox.shared.celery_app import SYNC_ALARM_TASK, SYNC_SCHEDULE_TASK
+from signalbox.shared.db import Alarm, Schedule
 
 RowT = TypeVar("RowT", Schedule, Alarm)
 

@@ -17,13 +17,13 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.scheduler.turns import CannotStart, StartedTurn, store_turn
-from shared.celery_app import ORCHESTRATOR_QUEUE, RUN_TURN_TASK
-from shared.db import Alarm, Schedule, ScheduleRun
-from shared.db.models import now
-from shared.event_stream import EventStream
-from shared.ids import new_id
-from shared.schedule_times import in_active_hours, zone
+from signalbox.services.scheduler.turns import CannotStart, StartedTurn, store_turn
+from signalbox.shared.celery_app import ORCHESTRATOR_QUEUE, RUN_TURN_TASK
+from signalbox.shared.db import Alarm, Schedule, ScheduleRun
+from signalbox.shared.db.models import now
+from signalbox.shared.event_stream import EventStream
+from signalbox.shared.ids import new_id
+from signalbox.shared.schedule_times import in_active_hours, zone
 
 log = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from shared.db import Conversation, Turn, User
-from shared.db.agents import find_agent
-from shared.db.concurrency import lock_row
-from shared.ids import new_id
-from shared.statuses import TurnState
+from signalbox.shared.db import Conversation, Turn, User
+from signalbox.shared.db.agents import find_agent
+from signalbox.shared.db.concurrency import lock_row
+from signalbox.shared.ids import new_id
+from signalbox.shared.statuses import TurnState
 
 TITLE_CHARS = 80
 

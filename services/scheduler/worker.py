@@ -1,11 +1,11 @@
-"""Entry point of the scheduler: ``celery -A services.scheduler.worker:app worker -B
+"""Entry point of the scheduler: ``celery -A signalbox.services.scheduler.worker:app worker -B
 -Q scheduler``. The embedded beat is RedBeat, whose Redis lock lets any number of these
 run with one beat ticking; the worker side runs the ticks and the store syncs."""
 
 from __future__ import annotations
 
-from shared.celery_app import SCHEDULER_QUEUE, make_celery
-from shared.settings import CommonSettings, load
+from signalbox.shared.celery_app import SCHEDULER_QUEUE, make_celery
+from signalbox.shared.settings import CommonSettings, load
 
 # The beat wakes at least this often: a one-second interval is kept to the second, and a
 # schedule written by the gateway is seen within it.
@@ -14,10 +14,10 @@ BEAT_MAX_LOOP_S = 1
 BEAT_LOCK_TIMEOUT_S = 10
 
 settings = load(CommonSettings)
-app = make_celery("signalbox-scheduler", settings, include=["services.scheduler.tasks"])
+app = make_celery("signalbox-scheduler", settings, include=["signalbox.services.scheduler.tasks"])
 app.conf.task_routes = {**app.conf.task_routes, "scheduler.*": {"queue": SCHEDULER_QUEUE}}
 app.conf.update(
-    beat_scheduler="services.scheduler.beat:SignalboxBeat",
+    beat_scheduler="signalbox.services.scheduler.beat:SignalboxBeat",
     beat_max_loop_interval=BEAT_MAX_LOOP_S,
     redbeat_redis_url=settings.redis_url,
     redbeat_key_prefix=f"{settings.redis_prefix}redbeat:",

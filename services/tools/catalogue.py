@@ -1,7 +1,7 @@
 """Which tools this worker serves, and keeping that announced in Redis while it lives.
 
 The orchestrator never imports this package: it reads the catalogue each worker publishes
-(``shared.tool_contract``), refreshed by a daemon thread in the worker's main process and
+(``signalbox.shared.tool_contract``), refreshed by a daemon thread in the worker's main process and
 withdrawn at shutdown. A worker that dies without withdrawing expires after 3 refreshes.
 """
 
@@ -14,11 +14,11 @@ from collections.abc import Iterable, Mapping
 
 import redis
 
-from services.tools import clock, plugins, sandbox, web_fetch, workspace_tools
-from services.tools.registry import Registry
-from shared.redis_keys import RedisKeys
-from shared.settings import ToolsSettings
-from shared.tool_contract import ToolSpec, publish_catalogue, withdraw_catalogue
+from signalbox.services.tools import clock, plugins, sandbox, web_fetch, workspace_tools
+from signalbox.services.tools.registry import Registry
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import ToolsSettings
+from signalbox.shared.tool_contract import ToolSpec, publish_catalogue, withdraw_catalogue
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def load_tools(environ: Mapping[str, str] = os.environ, with_sandbox: bool = Tru
     if with_sandbox:
         registries.append(sandbox.registry)
     if environ.get(TEST_TOOLS_ENV) == "1":
-        from services.tools import test_tools
+        from signalbox.services.tools import test_tools
 
         registries.append(test_tools.registry)
     return Registry.merged(registries)
@@ -51,7 +51,9 @@ def worker_tools(settings: ToolsSettings, environ: Mapping[str, str] = os.enviro
     own = load_tools(environ, with_sandbox=settings.sandbox == "on")
     registries = [own, *plugins.deployment_registries(settings.tool_modules)]
     if settings.mcp_servers:
-        from services.tools import mcp_tools  # the mcp SDK is only imported when configured
+        from signalbox.services.tools import (
+            mcp_tools,
+        )  # the mcp SDK is only imported when configured
 
         registries.append(mcp_tools.discover(settings.mcp_servers))
     merged = Registry.merged(registries)

@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, Field
 
-from services.tools.registry import Registry, ToolContext, ToolError
+from signalbox.services.tools.registry import Registry, ToolContext, ToolError
 
 registry = Registry()
 

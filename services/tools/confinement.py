@@ -21,9 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-from services.tools.registry import ToolError
-from shared.safe_paths import DIR_FLAGS, NotRelative, SymlinkInPath, open_dir_at, relative_path
-from shared.workspace_paths import PathOutsideWorkspace
+from signalbox.services.tools.registry import ToolError
+from signalbox.shared.safe_paths import (
+    DIR_FLAGS,
+    NotRelative,
+    SymlinkInPath,
+    open_dir_at,
+    relative_path,
+)
+from signalbox.shared.workspace_paths import PathOutsideWorkspace
 
 # O_NONBLOCK: opening a FIFO someone left in the workspace must not hang the worker.
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

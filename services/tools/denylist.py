@@ -19,7 +19,7 @@ import fnmatch
 from collections.abc import Sequence
 from pathlib import PurePosixPath
 
-from shared.secret_files import ALWAYS_DENIED, DEFAULT_SECRET_DENYLIST
+from signalbox.shared.secret_files import ALWAYS_DENIED, DEFAULT_SECRET_DENYLIST
 
 DEFAULT_DENYLIST = DEFAULT_SECRET_DENYLIST
 

@@ -21,12 +21,18 @@ import redis
 from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import ValidationError
 
-from services.tools.proposals_client import make_client
-from services.tools.registry import Registry, ToolContext, ToolError, ToolOutput, ToolTimeout
-from shared.redis_keys import RedisKeys
-from shared.settings import ToolsSettings
-from shared.tool_contract import ToolCallRequest, ToolResult, publish_result
-from shared.workspace_paths import PathOutsideWorkspace, workspace_dir
+from signalbox.services.tools.proposals_client import make_client
+from signalbox.services.tools.registry import (
+    Registry,
+    ToolContext,
+    ToolError,
+    ToolOutput,
+    ToolTimeout,
+)
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import ToolsSettings
+from signalbox.shared.tool_contract import ToolCallRequest, ToolResult, publish_result
+from signalbox.shared.workspace_paths import PathOutsideWorkspace, workspace_dir
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ from mcp import Client, StdioServerParameters
 from mcp.types import CallToolResult, TextContent
 from pydantic import BaseModel, ConfigDict
 
-from services.tools.registry import Registry, Tool, ToolContext, ToolError, ToolTimeout
-from shared.settings import McpServerSettings
-from shared.tool_contract import ToolSpec
+from signalbox.services.tools.registry import Registry, Tool, ToolContext, ToolError, ToolTimeout
+from signalbox.shared.settings import McpServerSettings
+from signalbox.shared.tool_contract import ToolSpec
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from importlib.metadata import EntryPoint, entry_points
 from types import ModuleType
 
-from services.tools.registry import Registry
+from signalbox.services.tools.registry import Registry
 
 ENTRY_POINT_GROUP = "signalbox.tools"
 
@@ -34,7 +34,9 @@ def _as_registry(target: object, where: str) -> Registry:
         if target is None:
             raise ToolLoadError(f"module {where!r} has no attribute 'registry'")
     if not isinstance(target, Registry):
-        raise ToolLoadError(f"expected a services.tools Registry at {where!r}, got {target!r}")
+        raise ToolLoadError(
+            f"expected a signalbox.services.tools Registry at {where!r}, got {target!r}"
+        )
     return target
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import httpx
 
-from services.tools.registry import ToolContext, ToolError, ToolOutput
-from shared.proposals_api import FileChange
+from signalbox.services.tools.registry import ToolContext, ToolError, ToolOutput
+from signalbox.shared.proposals_api import FileChange
 
 __all__ = ["FileChange", "propose", "sha256_hex"]
 

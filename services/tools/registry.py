@@ -18,9 +18,9 @@ import httpx
 import redis
 from pydantic import BaseModel
 
-from shared.redis_keys import RedisKeys
-from shared.settings import ToolsSettings
-from shared.tool_contract import ApprovalMode, SideEffect, ToolSpec
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import ToolsSettings
+from signalbox.shared.tool_contract import ApprovalMode, SideEffect, ToolSpec
 
 DEFAULT_TIMEOUT_S = 30.0  # long enough for a slow disk, short enough that a turn keeps moving
 

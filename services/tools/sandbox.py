@@ -43,11 +43,11 @@ from typing import IO
 
 from pydantic import BaseModel, Field
 
-from services.tools import bwrap, cgroups
-from services.tools.registry import Registry, ToolContext, ToolError, ToolTimeout
-from services.tools.workspace_view import workspace_view
-from shared.celery_app import SANDBOX_QUEUE
-from shared.settings import ToolsSettings
+from signalbox.services.tools import bwrap, cgroups
+from signalbox.services.tools.registry import Registry, ToolContext, ToolError, ToolTimeout
+from signalbox.services.tools.workspace_view import workspace_view
+from signalbox.shared.celery_app import SANDBOX_QUEUE
+from signalbox.shared.settings import ToolsSettings
 
 log = logging.getLogger(__name__)
 
@@ -397,7 +397,7 @@ def run_python(args: RunPythonInput, ctx: ToolContext) -> str:
 
 
 def main() -> int:
-    """``python -m services.tools.sandbox``: say whether the sandbox holds here (0) or why not."""
+    """``python -m signalbox.services.tools.sandbox``: 0 if the sandbox holds here, else why not."""
     reason = unavailable(os.environ.get("SIGNALBOX_SANDBOX_BWRAP", "bwrap"))
     print(reason or "sandboxed (bubblewrap namespaces, a cgroup per run)")
     return 1 if reason else 0

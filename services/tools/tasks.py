@@ -10,12 +10,12 @@ from celery import Task
 from celery.exceptions import TimeLimitExceeded
 from celery.signals import worker_process_init, worker_ready
 
-from services.tools import termination
-from services.tools.execution import Deps, report_killed, report_stopped, run_call
-from services.tools.worker import app, registry, settings
-from shared.call_cancel import checker_client, is_cancelled
-from shared.celery_app import RUN_TOOL_TASK
-from shared.redis_keys import RedisKeys
+from signalbox.services.tools import termination
+from signalbox.services.tools.execution import Deps, report_killed, report_stopped, run_call
+from signalbox.services.tools.worker import app, registry, settings
+from signalbox.shared.call_cancel import checker_client, is_cancelled
+from signalbox.shared.celery_app import RUN_TOOL_TASK
+from signalbox.shared.redis_keys import RedisKeys
 
 _deps: tuple[int, Deps] | None = None
 

@@ -36,7 +36,7 @@ import signal
 from collections.abc import Callable, Iterator
 from types import FrameType
 
-from shared.call_cancel import CANCEL_SIGNAL
+from signalbox.shared.call_cancel import CANCEL_SIGNAL
 
 
 class CallTerminated(BaseException):

@@ -21,10 +21,10 @@ from typing import Literal
 from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import BaseModel, Field
 
-from services.tools.proposals_client import FileChange, propose
-from services.tools.registry import Registry, ToolContext, ToolOutput
-from shared.call_cancel import CANCEL_SIGNAL
-from shared.redis_keys import RedisKeys
+from signalbox.services.tools.proposals_client import FileChange, propose
+from signalbox.services.tools.registry import Registry, ToolContext, ToolOutput
+from signalbox.shared.call_cancel import CANCEL_SIGNAL
+from signalbox.shared.redis_keys import RedisKeys
 
 registry = Registry()
 

@@ -37,8 +37,8 @@ import httpx
 from bs4 import BeautifulSoup
 from pydantic import BaseModel, Field
 
-from services.tools.registry import Registry, ToolContext, ToolError, ToolTimeout
-from shared.public_address import IPAddress, refusal
+from signalbox.services.tools.registry import Registry, ToolContext, ToolError, ToolTimeout
+from signalbox.shared.public_address import IPAddress, refusal
 
 registry = Registry()
 

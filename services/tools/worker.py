@@ -1,4 +1,5 @@
-"""Entry point of the tool workers: ``celery -A services.tools.worker:app worker --pool prefork``.
+"""Entry point of the tool workers:
+``celery -A signalbox.services.tools.worker:app worker --pool prefork``.
 
 Prefork, because only that pool enforces the per-call time limits. The tools (built-in,
 the deployment's, MCP servers') are found once, here at import in the main process, so the
@@ -19,17 +20,17 @@ from typing import Any
 import redis
 from celery.signals import worker_init, worker_ready, worker_shutdown
 
-from services.tools.catalogue import CatalogueRefresher, served, worker_tools
-from services.tools.sandbox import protect_worker, unavailable
-from shared.celery_app import SANDBOX_QUEUE, make_celery
-from shared.redis_keys import RedisKeys
-from shared.settings import ToolsSettings, load
+from signalbox.services.tools.catalogue import CatalogueRefresher, served, worker_tools
+from signalbox.services.tools.sandbox import protect_worker, unavailable
+from signalbox.shared.celery_app import SANDBOX_QUEUE, make_celery
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import ToolsSettings, load
 
 log = logging.getLogger(__name__)
 
 protect_worker()  # before any secret is read: no other process of our user may read our environ
 settings = load(ToolsSettings)
-app = make_celery("signalbox-tools", settings, include=["services.tools.tasks"])
+app = make_celery("signalbox-tools", settings, include=["signalbox.services.tools.tasks"])
 registry = worker_tools(settings)
 
 _refresher: CatalogueRefresher | None = None

@@ -15,7 +15,7 @@ from pathlib import PurePosixPath
 
 from pydantic import BaseModel, Field, model_validator
 
-from services.tools.confinement import (
+from signalbox.services.tools.confinement import (
     Confined,
     confine,
     exists,
@@ -24,10 +24,10 @@ from services.tools.confinement import (
     open_file_at,
     open_subdirectory,
 )
-from services.tools.denylist import denied
-from services.tools.proposals_client import FileChange, propose, sha256_hex
-from services.tools.registry import Registry, ToolContext, ToolError, ToolOutput
-from shared.proposals_api import MAX_FILES as MAX_PROPOSAL_FILES
+from signalbox.services.tools.denylist import denied
+from signalbox.services.tools.proposals_client import FileChange, propose, sha256_hex
+from signalbox.services.tools.registry import Registry, ToolContext, ToolError, ToolOutput
+from signalbox.shared.proposals_api import MAX_FILES as MAX_PROPOSAL_FILES
 
 registry = Registry()
 

@@ -24,8 +24,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from services.tools.denylist import denied
-from shared.safe_paths import open_dir_at, open_root
+from signalbox.services.tools.denylist import denied
+from signalbox.shared.safe_paths import open_dir_at, open_root
 
 STAGE_PREFIX = "signalbox-ws-"
 # Entries (files, directories and symlinks alike) in one copy: a copy this large is not what

@@ -1,6 +1,6 @@
 """SQL: the source of truth. Models, engine/session factory and migrations."""
 
-from shared.db.models import (
+from signalbox.shared.db.models import (
     Agent,
     AgentVersion,
     ApiToken,
@@ -17,11 +17,11 @@ from shared.db.models import (
     User,
     Workspace,
 )
-from shared.db.plans import PlanStep
-from shared.db.schedules import Alarm, Schedule, ScheduleRun
-from shared.db.session import make_engine, make_session_factory
-from shared.db.tenancy import BudgetWarning, UserLimits
-from shared.db.webhooks import Webhook, WebhookDelivery
+from signalbox.shared.db.plans import PlanStep
+from signalbox.shared.db.schedules import Alarm, Schedule, ScheduleRun
+from signalbox.shared.db.session import make_engine, make_session_factory
+from signalbox.shared.db.tenancy import BudgetWarning, UserLimits
+from signalbox.shared.db.webhooks import Webhook, WebhookDelivery
 
 __all__ = [
     "Agent",

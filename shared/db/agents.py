@@ -14,10 +14,10 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from shared.agents import AgentConfig
-from shared.db.concurrency import lock_row
-from shared.db.models import Agent, AgentVersion, User, now
-from shared.ids import new_id
+from signalbox.shared.agents import AgentConfig
+from signalbox.shared.db.concurrency import lock_row
+from signalbox.shared.db.models import Agent, AgentVersion, User, now
+from signalbox.shared.ids import new_id
 
 
 class AgentExists(ValueError):

@@ -17,8 +17,8 @@ from typing import Literal
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from shared.db.models import ModelRequest
-from shared.db.tenancy import UserLimits
+from signalbox.shared.db.models import ModelRequest
+from signalbox.shared.db.tenancy import UserLimits
 
 Period = Literal["day", "month"]
 PERIODS: tuple[Period, ...] = ("day", "month")

@@ -23,7 +23,7 @@ from sqlalchemy import inspect, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from shared.db.models import Base
+from signalbox.shared.db.models import Base
 
 M = TypeVar("M", bound=Base)
 

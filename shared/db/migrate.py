@@ -8,7 +8,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-from shared.file_modes import PRIVATE_FILE_MODE
+from signalbox.shared.file_modes import PRIVATE_FILE_MODE
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from shared.db.models import Base, now
+from signalbox.shared.db.models import Base, now
 
 
 class PlanStep(Base):

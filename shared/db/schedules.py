@@ -12,7 +12,7 @@ from datetime import datetime
 from sqlalchemy import Boolean, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from shared.db.models import Base, now
+from signalbox.shared.db.models import Base, now
 
 
 class Schedule(Base):

@@ -1,7 +1,8 @@
 """Per-user limits of a multi-user deployment: token budgets, quota overrides, and the
 once-per-period marks of budget warnings.
 
-``users.is_admin`` (the admin role) is a column of ``users`` itself (``shared.db.models``).
+``users.is_admin`` (the admin role) is a column of ``users`` itself
+(``signalbox.shared.db.models``).
 A user without a ``user_limits`` row has no budget and the deployment's quotas.
 """
 
@@ -13,7 +14,7 @@ from typing import Any
 from sqlalchemy import JSON, ForeignKey, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from shared.db.models import Base, now
+from signalbox.shared.db.models import Base, now
 
 
 class UserLimits(Base):

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from shared.db.models import ModelRequest
+from signalbox.shared.db.models import ModelRequest
 
 GroupBy = Literal["user", "conversation", "turn", "model", "purpose"]
 GROUP_COLUMNS: dict[str, Any] = {

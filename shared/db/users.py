@@ -5,9 +5,9 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shared.auth import hash_token, new_token
-from shared.db.models import ApiToken, User, now
-from shared.ids import new_id
+from signalbox.shared.auth import hash_token, new_token
+from signalbox.shared.db.models import ApiToken, User, now
+from signalbox.shared.ids import new_id
 
 
 def create_user(session: Session, name: str) -> tuple[User, str]:

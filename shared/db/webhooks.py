@@ -19,8 +19,8 @@ from sqlalchemy import ForeignKey, Integer, String, Text, UniqueConstraint, sele
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from shared.db.models import Base, now
-from shared.ids import new_id
+from signalbox.shared.db.models import Base, now
+from signalbox.shared.ids import new_id
 
 # The event kinds an owner may subscribe a webhook to: what someone outside waits for, not
 # the deltas of a live answer (one delivery per token would be a flood).

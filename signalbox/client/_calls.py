@@ -15,8 +15,10 @@ from typing import Any, Generic, Literal, TypeVar
 import httpx
 from pydantic import BaseModel, TypeAdapter
 
-from shared.events import Event
-from shared.gateway_api import (
+from signalbox.client.errors import SignalboxError, Unreachable, frame, from_status
+from signalbox.client.sse import parse_event
+from signalbox.shared.events import Event
+from signalbox.shared.gateway_api import (
     AgentView,
     AnswerRecorded,
     ConversationDetail,
@@ -28,18 +30,16 @@ from shared.gateway_api import (
     UploadPublic,
     WsTicket,
 )
-from shared.proposals_api import ApproveBody, PendingProposals, ProposalPublic, RejectBody
-from shared.protocol import Answer, ClientToolResult, ClientToolSpec, DecideTool, UserTurn
-from shared.schedules_api import (
+from signalbox.shared.proposals_api import ApproveBody, PendingProposals, ProposalPublic, RejectBody
+from signalbox.shared.protocol import Answer, ClientToolResult, ClientToolSpec, DecideTool, UserTurn
+from signalbox.shared.schedules_api import (
     AlarmOut,
     ScheduleIn,
     ScheduleOut,
     SchedulePatch,
     ScheduleRunOut,
 )
-from shared.webhooks_api import WebhookCreated, WebhookDetail, WebhookView
-from signalbox.client.errors import SignalboxError, Unreachable, frame, from_status
-from signalbox.client.sse import parse_event
+from signalbox.shared.webhooks_api import WebhookCreated, WebhookDetail, WebhookView
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)

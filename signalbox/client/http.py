@@ -16,9 +16,13 @@ from typing import Literal, TypeVar
 
 import httpx
 
-from shared.event_stream import id_after
-from shared.events import Event
-from shared.gateway_api import (
+from signalbox.client import _calls
+from signalbox.client._calls import Call, Json
+from signalbox.client.errors import SignalboxError, Unreachable
+from signalbox.client.sse import SseParser
+from signalbox.shared.event_stream import id_after
+from signalbox.shared.events import Event
+from signalbox.shared.gateway_api import (
     AgentView,
     AnswerRecorded,
     ConversationDetail,
@@ -30,20 +34,16 @@ from shared.gateway_api import (
     UploadPublic,
     WsTicket,
 )
-from shared.proposals_api import ProposalPublic
-from shared.protocol import ClientToolSpec
-from shared.schedules_api import (
+from signalbox.shared.proposals_api import ProposalPublic
+from signalbox.shared.protocol import ClientToolSpec
+from signalbox.shared.schedules_api import (
     AlarmOut,
     ScheduleIn,
     ScheduleOut,
     SchedulePatch,
     ScheduleRunOut,
 )
-from shared.webhooks_api import WebhookCreated, WebhookDetail, WebhookView
-from signalbox.client import _calls
-from signalbox.client._calls import Call, Json
-from signalbox.client.errors import SignalboxError, Unreachable
-from signalbox.client.sse import SseParser
+from signalbox.shared.webhooks_api import WebhookCreated, WebhookDetail, WebhookView
 
 T = TypeVar("T")
 

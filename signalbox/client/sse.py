@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from shared.events import Event
+from signalbox.shared.events import Event
 
 
 def parse_event(obj: dict[str, Any]) -> Event:

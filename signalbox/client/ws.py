@@ -26,9 +26,18 @@ from pydantic import BaseModel, ConfigDict
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from shared.event_stream import id_after
-from shared.events import Event
-from shared.protocol import (
+from signalbox.client.errors import (
+    ConnectionLost,
+    SignalboxError,
+    Unauthorized,
+    Unreachable,
+    frame,
+    from_code,
+)
+from signalbox.client.sse import parse_event
+from signalbox.shared.event_stream import id_after
+from signalbox.shared.events import Event
+from signalbox.shared.protocol import (
     Ack,
     Answer,
     Cancel,
@@ -41,15 +50,6 @@ from shared.protocol import (
     Unsubscribe,
     UserTurn,
 )
-from signalbox.client.errors import (
-    ConnectionLost,
-    SignalboxError,
-    Unauthorized,
-    Unreachable,
-    frame,
-    from_code,
-)
-from signalbox.client.sse import parse_event
 
 T = TypeVar("T")
 
@@ -275,7 +275,7 @@ class AsyncWebSocket:
     # -- requests ----------------------------------------------------------------------------
 
     async def request(self, message: BaseModel, resend: bool | None = None) -> Ack:
-        """Send ``message`` (a ``shared.protocol`` frame) with a fresh ``req``; its ``ack``.
+        """Send ``message`` (a ``signalbox.shared.protocol`` frame), a fresh ``req``; its ``ack``.
 
         An ``error`` reply raises its ``SignalboxError`` (``NotFound``, ``Conflict``...).
         ``resend`` (default: the session's): after a drop, send it again rather than raise.

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db import make_engine, make_session_factory
-from shared.db.migrate import upgrade
-from shared.db.users import create_user
+from signalbox.shared.db import make_engine, make_session_factory
+from signalbox.shared.db.migrate import upgrade
+from signalbox.shared.db.users import create_user
 from signalbox.stack import Stack, StackConfig
 from tests.fake_anthropic import FakeAnthropic
 

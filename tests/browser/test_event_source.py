@@ -15,7 +15,7 @@ import httpx
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.redis_keys import RedisKeys
+from signalbox.shared.redis_keys import RedisKeys
 from signalbox.stack import Stack
 from tests.browser.conftest import new_user
 from tests.fake_anthropic import FakeAnthropic, Stall, text

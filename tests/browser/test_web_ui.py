@@ -16,11 +16,11 @@ import httpx
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db import Conversation, Message, ToolCall, Turn
-from shared.event_stream import EventStream
-from shared.ids import new_id
-from shared.redis_keys import RedisKeys
-from shared.workspace_paths import workspace_dir
+from signalbox.shared.db import Conversation, Message, ToolCall, Turn
+from signalbox.shared.event_stream import EventStream
+from signalbox.shared.ids import new_id
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.workspace_paths import workspace_dir
 from signalbox.stack import Stack
 from tests.browser.conftest import screenshot
 
@@ -172,7 +172,7 @@ def test_the_page_asks_for_a_token_when_it_has_none(stack: Stack, page: Page) ->
 
 def test_every_status_badge_has_a_colour() -> None:
     """Every status the UI can show as a badge has a colour in the stylesheet."""
-    from services.gateway.routes.ui import STATIC_DIR
+    from signalbox.services.gateway.routes.ui import STATIC_DIR
 
     css = (STATIC_DIR / "style.css").read_text()
     statuses = ["running", "ok", "error", "timeout", "denied", "cancelled", "lost"]

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db import Turn
-from shared.workspace_paths import workspace_dir
+from signalbox.shared.db import Turn
+from signalbox.shared.workspace_paths import workspace_dir
 from signalbox.stack import Stack
 from tests.browser.conftest import console_errors, new_user, screenshot
 from tests.fake_anthropic import FakeAnthropic, stall, text, tool_use

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from shared.workspace_paths import workspace_dir
+from signalbox.shared.workspace_paths import workspace_dir
 from signalbox.stack import Stack
 from tests.browser.conftest import console_errors, screenshot
 

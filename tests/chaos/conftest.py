@@ -24,14 +24,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from websockets.sync.client import ClientConnection, connect
 
-from shared.db import make_engine, make_session_factory
-from shared.db.migrate import upgrade
-from shared.db.models import Turn
-from shared.db.users import create_user
-from shared.redis_keys import RedisKeys
-from shared.tool_contract import read_catalogue
 from signalbox.processes import Child, http_ok, log_contains, wait_until
 from signalbox.redis_server import RedisServer, start_redis
+from signalbox.shared.db import make_engine, make_session_factory
+from signalbox.shared.db.migrate import upgrade
+from signalbox.shared.db.models import Turn
+from signalbox.shared.db.users import create_user
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.tool_contract import read_catalogue
 from signalbox.stack import Stack, StackConfig
 from tests.fake_anthropic import FakeAnthropic
 

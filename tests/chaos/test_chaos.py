@@ -19,11 +19,11 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from services.orchestrator.lease import holder_pid
-from services.tools.test_tools import counter_key
-from shared.db.models import Conversation, Message, ToolCall
-from shared.db.models import Turn as TurnRow
-from shared.ids import new_id
+from signalbox.services.orchestrator.lease import holder_pid
+from signalbox.services.tools.test_tools import counter_key
+from signalbox.shared.db.models import Conversation, Message, ToolCall
+from signalbox.shared.db.models import Turn as TurnRow
+from signalbox.shared.ids import new_id
 from tests.fake_anthropic import stall, text, tool_use
 
 from .conftest import (

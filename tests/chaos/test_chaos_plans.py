@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from services.orchestrator.lease import holder_pid
-from services.tools.test_tools import counter_key
-from shared.db.models import ToolCall
-from shared.db.plans import PlanStep
+from signalbox.services.orchestrator.lease import holder_pid
+from signalbox.services.tools.test_tools import counter_key
+from signalbox.shared.db.models import ToolCall
+from signalbox.shared.db.plans import PlanStep
 from tests.fake_anthropic import text, tool_use
 
 from .conftest import LEASE_S, Chaos, Client, event, wait_for

@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from shared.events import Event
 from signalbox.client import (
     AsyncClient,
     AsyncWebSocket,
@@ -24,6 +23,7 @@ from signalbox.client import (
     Unauthorized,
     WebSocket,
 )
+from signalbox.shared.events import Event
 from signalbox.stack import Stack
 from tests.proposals.tcp_proxy import Proxy
 

@@ -9,9 +9,9 @@ import asyncio
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.events import Event
-from shared.protocol import ClientToolSpec
 from signalbox.client import AsyncClient, Conflict, NotFound
+from signalbox.shared.events import Event
+from signalbox.shared.protocol import ClientToolSpec
 from signalbox.stack import Stack
 from tests.browser.conftest import fake_stack, new_user  # noqa: F401  (the fixture, reused)
 from tests.fake_anthropic import FakeAnthropic, text, tool_use

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
-from shared.events import Event
 from signalbox.client import (
     AsyncWebSocket,
     ConnectionLost,
@@ -25,6 +24,7 @@ from signalbox.client import (
     StateChange,
     Unreachable,
 )
+from signalbox.shared.events import Event
 from signalbox.stack import Stack
 from tests.proposals.tcp_proxy import Proxy
 

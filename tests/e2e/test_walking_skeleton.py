@@ -14,10 +14,10 @@ import pytest
 import redis
 from websockets.exceptions import InvalidStatus
 
-from shared.event_stream import EventStream, id_after
-from shared.events import Event
-from shared.redis_keys import RedisKeys
 from signalbox.client import Client, Conflict, WebSocket
+from signalbox.shared.event_stream import EventStream, id_after
+from signalbox.shared.events import Event
+from signalbox.shared.redis_keys import RedisKeys
 from signalbox.stack import Stack
 from tests.wsclient import WsClient
 

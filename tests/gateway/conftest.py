@@ -19,14 +19,14 @@ import websockets
 from sqlalchemy.orm import Session, sessionmaker
 from websockets.asyncio.client import ClientConnection
 
-from services.gateway.app import create_app, server_config
-from services.proposals.app import create_app as create_proposals_app
-from shared.celery_app import ORCHESTRATOR_QUEUE
-from shared.db import Conversation, Message, ToolCall, Turn
-from shared.ids import new_id
-from shared.redis_keys import RedisKeys
-from shared.settings import GatewaySettings
 from signalbox.redis_server import free_port
+from signalbox.services.gateway.app import create_app, server_config
+from signalbox.services.proposals.app import create_app as create_proposals_app
+from signalbox.shared.celery_app import ORCHESTRATOR_QUEUE
+from signalbox.shared.db import Conversation, Message, ToolCall, Turn
+from signalbox.shared.ids import new_id
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import GatewaySettings
 
 START_TIMEOUT_S = 10.0
 RECV_TIMEOUT_S = 5.0

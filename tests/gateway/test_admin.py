@@ -11,8 +11,8 @@ import pytest
 from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.gateway.routes.admin import router as admin_router
-from shared.db import User, UserLimits
+from signalbox.services.gateway.routes.admin import router as admin_router
+from signalbox.shared.db import User, UserLimits
 from tests.gateway.conftest import LiveGateway, bearer
 
 

@@ -11,10 +11,10 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.agents import AgentConfig
-from shared.db import AgentVersion, Conversation, Turn
-from shared.db.agents import create_agent
-from shared.ids import new_id
+from signalbox.shared.agents import AgentConfig
+from signalbox.shared.db import AgentVersion, Conversation, Turn
+from signalbox.shared.db.agents import create_agent
+from signalbox.shared.ids import new_id
 from tests.gateway.conftest import LiveGateway, bearer, connect, events_until, request
 
 Users = Callable[[], tuple[str, str]]

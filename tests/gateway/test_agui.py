@@ -10,10 +10,10 @@ import pytest
 from ag_ui.core import BaseEvent, RunAgentInput
 from ag_ui.encoder import EventEncoder
 
-from services.gateway.agui import RunMapping, map_event, run_started, turn_request
-from services.gateway.errors import BadInput
-from shared.events import Event
-from shared.protocol import MAX_TURN_TEXT_CHARS
+from signalbox.services.gateway.agui import RunMapping, map_event, run_started, turn_request
+from signalbox.services.gateway.errors import BadInput
+from signalbox.shared.events import Event
+from signalbox.shared.protocol import MAX_TURN_TEXT_CHARS
 
 TURN = "turn_1"
 USAGE = {

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import redis
 
-from services.gateway.state import Gateway
-from shared.event_stream import EventStream
+from signalbox.services.gateway.state import Gateway
+from signalbox.shared.event_stream import EventStream
 from tests.gateway.conftest import LiveGateway, connect, recv, request
 from tests.gateway.rawws import RawWebSocket
 

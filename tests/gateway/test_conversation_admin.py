@@ -7,7 +7,7 @@ from collections.abc import Callable
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db import Conversation
+from signalbox.shared.db import Conversation
 from tests.gateway.conftest import LiveGateway, add_turn, bearer
 
 Users = Callable[[], tuple[str, str]]

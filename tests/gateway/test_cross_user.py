@@ -14,8 +14,8 @@ import pytest
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db import ToolCall, Turn
-from shared.event_stream import EventStream
+from signalbox.shared.db import ToolCall, Turn
+from signalbox.shared.event_stream import EventStream
 from tests.gateway.conftest import (
     LiveGateway,
     ServerThread,

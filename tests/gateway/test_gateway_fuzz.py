@@ -8,8 +8,8 @@ from collections.abc import Callable
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db.webhooks import Webhook
-from shared.ids import new_id
+from signalbox.shared.db.webhooks import Webhook
+from signalbox.shared.ids import new_id
 from tests.gateway.conftest import LiveGateway, ServerThread, add_call, bearer
 from tests.openapi_fuzz import fuzz_every_operation
 

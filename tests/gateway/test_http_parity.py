@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from shared.protocol import CLIENT_FRAME_TYPES
+from signalbox.shared.protocol import CLIENT_FRAME_TYPES
 from tests.gateway.conftest import LiveGateway, bearer
 from tests.shared.test_timestamps import FORMAT
 from tests.test_protocol_doc import section, table_rows

@@ -11,8 +11,8 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db import Turn
-from shared.event_stream import EventStream
+from signalbox.shared.db import Turn
+from signalbox.shared.event_stream import EventStream
 from tests.gateway.conftest import LiveGateway, connect, events_until, request
 
 Users = Callable[[], tuple[str, str]]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from shared.proposals_api import DECIDED_MAX_LIMIT
+from signalbox.shared.proposals_api import DECIDED_MAX_LIMIT
 from tests.gateway.conftest import LiveGateway, ServerThread, bearer
 
 Users = Callable[[], tuple[str, str]]

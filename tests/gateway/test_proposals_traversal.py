@@ -21,8 +21,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.proposals.app import create_app as create_proposals_app
-from shared.db import Proposal
+from signalbox.services.proposals.app import create_app as create_proposals_app
+from signalbox.shared.db import Proposal
 from tests import rawhttp
 from tests.gateway.conftest import LiveGateway, ServerThread, bearer, connect, request
 

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db import Conversation, Turn, Upload
+from signalbox.shared.db import Conversation, Turn, Upload
 from tests.gateway.conftest import LiveGateway, bearer, connect, request
 
 pytestmark = pytest.mark.anyio

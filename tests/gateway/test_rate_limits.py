@@ -17,9 +17,9 @@ import websockets
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db import Turn
 from signalbox.processes import Child, ServiceCommands, child_env, http_ok
 from signalbox.redis_server import free_port
+from signalbox.shared.db import Turn
 from tests.gateway.conftest import bearer, request
 
 pytestmark = pytest.mark.anyio
@@ -196,8 +196,8 @@ async def test_decision_frames_are_limited_over_websocket(
 def test_every_listed_route_exists_so_none_falls_back_to_writes_by_a_rename(
     gateway_settings: Callable[..., Any],
 ) -> None:
-    from services.gateway.app import create_app
-    from services.gateway.rate_limit import MUTATING_METHODS, ROUTE_ACTIONS
+    from signalbox.services.gateway.app import create_app
+    from signalbox.services.gateway.rate_limit import MUTATING_METHODS, ROUTE_ACTIONS
 
     paths = create_app(gateway_settings()).openapi()["paths"]
     for template in ROUTE_ACTIONS:

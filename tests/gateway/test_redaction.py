@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from services.gateway.redaction import REDACTED, RedactSecrets, install, redact
+from signalbox.services.gateway.redaction import REDACTED, RedactSecrets, install, redact
 
 
 def test_redact_replaces_ticket_and_token_values() -> None:

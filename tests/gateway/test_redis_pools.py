@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from services.gateway.state import POOL_SIZE
+from signalbox.services.gateway.state import POOL_SIZE
 from tests.gateway.conftest import LiveGateway, connect, recv
 
 pytestmark = pytest.mark.anyio

@@ -12,10 +12,10 @@ import httpx
 import pytest
 import redis
 
-from services.gateway.relay import Subscription
-from services.gateway.state import Gateway
-from shared.event_stream import EventStream
-from shared.events import Event, utc_now
+from signalbox.services.gateway.relay import Subscription
+from signalbox.services.gateway.state import Gateway
+from signalbox.shared.event_stream import EventStream
+from signalbox.shared.events import Event, utc_now
 from tests.gateway.conftest import (
     LiveGateway,
     bearer,

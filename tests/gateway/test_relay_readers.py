@@ -17,13 +17,13 @@ import redis.asyncio as aioredis
 from sqlalchemy.orm import Session, sessionmaker
 from websockets.asyncio.client import ClientConnection
 
-from services.gateway.relay import RelayHub, Subscription
-from services.gateway.state import Gateway
-from shared.db import Conversation
-from shared.event_stream import AsyncEventStream, EventStream
-from shared.events import Event
-from shared.ids import new_id
-from shared.redis_keys import RedisKeys
+from signalbox.services.gateway.relay import RelayHub, Subscription
+from signalbox.services.gateway.state import Gateway
+from signalbox.shared.db import Conversation
+from signalbox.shared.event_stream import AsyncEventStream, EventStream
+from signalbox.shared.events import Event
+from signalbox.shared.ids import new_id
+from signalbox.shared.redis_keys import RedisKeys
 from tests.gateway.conftest import LiveGateway, connect, recv
 
 pytestmark = pytest.mark.anyio

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db import Alarm, ScheduleRun
-from shared.ids import new_id
+from signalbox.shared.db import Alarm, ScheduleRun
+from signalbox.shared.ids import new_id
 
 from .conftest import LiveGateway, bearer
 

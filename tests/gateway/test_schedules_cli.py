@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db import Alarm
-from shared.ids import new_id
 from signalbox.cli import main
+from signalbox.shared.db import Alarm
+from signalbox.shared.ids import new_id
 
 from .conftest import LiveGateway
 

@@ -22,16 +22,16 @@ import websockets
 from sqlalchemy.orm import Session, sessionmaker
 from websockets.exceptions import ConnectionClosed
 
-from shared.db import Turn
-from shared.protocol import (
+from signalbox.processes import Child, ServiceCommands, child_env, http_ok
+from signalbox.redis_server import free_port
+from signalbox.shared.db import Turn
+from signalbox.shared.protocol import (
     MAX_ANSWER_CHARS,
     MAX_ID_CHARS,
     MAX_REASON_CHARS,
     MAX_TOOL_OUTPUT_CHARS,
     MAX_TURN_TEXT_CHARS,
 )
-from signalbox.processes import Child, ServiceCommands, child_env, http_ok
-from signalbox.redis_server import free_port
 from tests.gateway.conftest import LiveGateway, bearer, connect, request
 from tests.rawhttp import upload
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import httpx
 import redis
 
-from shared.event_stream import EventStream
+from signalbox.shared.event_stream import EventStream
 from tests.gateway.conftest import LiveGateway, bearer
 
 Users = Callable[[], tuple[str, str]]

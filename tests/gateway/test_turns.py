@@ -12,8 +12,8 @@ import redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db import Conversation, ToolCall, Turn
-from shared.workspace_paths import workspace_dir
+from signalbox.shared.db import Conversation, ToolCall, Turn
+from signalbox.shared.workspace_paths import workspace_dir
 from tests.gateway.conftest import (
     LiveGateway,
     add_call,

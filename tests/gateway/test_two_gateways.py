@@ -16,10 +16,10 @@ import pytest
 import redis
 import websockets
 
-from shared.event_stream import EventStream
-from shared.redis_keys import RedisKeys
 from signalbox.processes import Child, ServiceCommands, child_env, http_ok
 from signalbox.redis_server import free_port
+from signalbox.shared.event_stream import EventStream
+from signalbox.shared.redis_keys import RedisKeys
 from tests.gateway.conftest import bearer, recv
 
 pytestmark = pytest.mark.anyio

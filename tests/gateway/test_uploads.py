@@ -15,9 +15,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.gateway.uploads import IMAGE_MAX_BYTES, TEXT_MAX_BYTES
-from shared.db import Turn, Upload
 from signalbox.client import Client
+from signalbox.services.gateway.uploads import IMAGE_MAX_BYTES, TEXT_MAX_BYTES
+from signalbox.shared.db import Turn, Upload
 from tests.gateway.conftest import LiveGateway, bearer, connect, events_until, request
 from tests.rawhttp import upload as stream_upload
 

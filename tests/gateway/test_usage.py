@@ -8,7 +8,7 @@ from collections.abc import Callable
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db import ModelRequest
+from signalbox.shared.db import ModelRequest
 from tests.gateway.conftest import LiveGateway, bearer
 
 Users = Callable[[], tuple[str, str]]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from services.gateway.routes.ui import STATIC_DIR
+from signalbox.services.gateway.routes.ui import STATIC_DIR
 
 VENDOR = STATIC_DIR / "vendor"
 

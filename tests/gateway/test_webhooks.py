@@ -20,16 +20,16 @@ import pytest
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.gateway.webhook_deliverer import deliver_due
-from services.orchestrator.loop import Runtime, run_turn
-from services.orchestrator.model import ModelEvent
-from services.tools.catalogue import load_tools
-from services.tools.execution import Deps, context_for, execute
-from services.tools.proposals_client import make_client
-from shared.db.webhooks import enqueue
-from shared.redis_keys import RedisKeys
-from shared.settings import OrchestratorSettings, ToolsSettings
-from shared.tool_contract import ToolCallRequest, ToolResult, ToolSpec, publish_catalogue
+from signalbox.services.gateway.webhook_deliverer import deliver_due
+from signalbox.services.orchestrator.loop import Runtime, run_turn
+from signalbox.services.orchestrator.model import ModelEvent
+from signalbox.services.tools.catalogue import load_tools
+from signalbox.services.tools.execution import Deps, context_for, execute
+from signalbox.services.tools.proposals_client import make_client
+from signalbox.shared.db.webhooks import enqueue
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import OrchestratorSettings, ToolsSettings
+from signalbox.shared.tool_contract import ToolCallRequest, ToolResult, ToolSpec, publish_catalogue
 from tests.orchestrator.support import (
     Behaviour,
     ScriptedModel,

@@ -8,8 +8,8 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db.webhooks import enqueue
 from signalbox.cli import main
+from signalbox.shared.db.webhooks import enqueue
 from tests.orchestrator.support import wait_for
 
 from .conftest import LiveGateway

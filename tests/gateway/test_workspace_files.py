@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shared.workspace_paths import workspace_dir
+from signalbox.shared.workspace_paths import workspace_dir
 from tests.gateway.conftest import LiveGateway, bearer
 
 Users = Callable[[], tuple[str, str]]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.agents import AgentConfig
-from shared.db.models import Agent, AgentVersion, Conversation
-from shared.ids import new_id
+from signalbox.shared.agents import AgentConfig
+from signalbox.shared.db.models import Agent, AgentVersion, Conversation
+from signalbox.shared.ids import new_id
 
 from .support import Harness
 

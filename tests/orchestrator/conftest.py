@@ -17,9 +17,9 @@ import pytest
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.orchestrator.loop import Runtime
-from shared.redis_keys import RedisKeys
-from shared.settings import OrchestratorSettings
+from signalbox.services.orchestrator.loop import Runtime
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import OrchestratorSettings
 from tests.fake_anthropic import FakeAnthropic
 
 from .support import Harness, ScriptedModel, ThreadDispatcher, make_conversation

@@ -18,10 +18,10 @@ from typing import Any
 import redis
 from celery.signals import worker_ready, worker_shutdown
 
-from shared.celery_app import RUN_TOOL_TASK, make_celery
-from shared.redis_keys import RedisKeys
-from shared.settings import CommonSettings, load
-from shared.tool_contract import (
+from signalbox.shared.celery_app import RUN_TOOL_TASK, make_celery
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import CommonSettings, load
+from signalbox.shared.tool_contract import (
     ToolCallRequest,
     ToolResult,
     ToolSpec,

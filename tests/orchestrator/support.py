@@ -14,8 +14,8 @@ import redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.orchestrator.loop import Runtime, run_turn
-from services.orchestrator.model import (
+from signalbox.services.orchestrator.loop import Runtime, run_turn
+from signalbox.services.orchestrator.model import (
     ModelError,
     ModelEvent,
     ModelRequest,
@@ -23,11 +23,11 @@ from services.orchestrator.model import (
     TextDelta,
     ToolUse,
 )
-from shared.db.models import Conversation, ToolCall, Turn
-from shared.events import Event
-from shared.ids import new_id
-from shared.redis_keys import RedisKeys
-from shared.tool_contract import (
+from signalbox.shared.db.models import Conversation, ToolCall, Turn
+from signalbox.shared.events import Event
+from signalbox.shared.ids import new_id
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.tool_contract import (
     ToolCallRequest,
     ToolResult,
     ToolSpec,

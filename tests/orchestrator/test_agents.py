@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from services.orchestrator.anthropic_model import AnthropicModel
-from services.orchestrator.policy import Decision, with_agent
-from shared.agents import AgentConfig
-from shared.db.agents import add_version
-from shared.db.models import Agent, Conversation, ModelRequest
+from signalbox.services.orchestrator.anthropic_model import AnthropicModel
+from signalbox.services.orchestrator.policy import Decision, with_agent
+from signalbox.shared.agents import AgentConfig
+from signalbox.shared.db.agents import add_version
+from signalbox.shared.db.models import Agent, Conversation, ModelRequest
 from tests.fake_anthropic import FakeAnthropic, text, tool_use
 
 from .bound_agents import bind_agent
@@ -235,8 +235,8 @@ def test_no_sub_agents_means_spawn_agent_is_not_offered(harness: Harness) -> Non
 
 
 def test_the_demo_model_answers_a_chat_agent_in_text_alone() -> None:
-    from services.orchestrator.demo_model import DEMO_LABEL, DemoModel
-    from services.orchestrator.model import ModelRequest, TextDelta, ToolUse
+    from signalbox.services.orchestrator.demo_model import DEMO_LABEL, DemoModel
+    from signalbox.services.orchestrator.model import ModelRequest, TextDelta, ToolUse
 
     said_by_user = [{"role": "user", "content": [{"type": "text", "text": "look around"}]}]
     asked = ModelRequest("s", said_by_user)

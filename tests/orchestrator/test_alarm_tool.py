@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 
-from services.orchestrator.model import ModelEvent
-from shared.db import Alarm
+from signalbox.services.orchestrator.model import ModelEvent
+from signalbox.shared.db import Alarm
 
 from .bound_agents import bind_agent
 from .support import Harness, say, use

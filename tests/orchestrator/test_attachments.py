@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from services.gateway.uploads import read_upload, store_upload
-from services.orchestrator.anthropic_model import AnthropicModel
-from services.orchestrator.context_budget import IMAGE_TOKENS, estimate_tokens, fit
-from services.orchestrator.token_count import EstimateCounter
-from services.orchestrator.transcript import attachment_block
-from shared.db import Turn
+from signalbox.services.gateway.uploads import read_upload, store_upload
+from signalbox.services.orchestrator.anthropic_model import AnthropicModel
+from signalbox.services.orchestrator.context_budget import IMAGE_TOKENS, estimate_tokens, fit
+from signalbox.services.orchestrator.token_count import EstimateCounter
+from signalbox.services.orchestrator.transcript import attachment_block
+from signalbox.shared.db import Turn
 from tests.fake_anthropic import FakeAnthropic, attachment_blocks, attachment_problems, text
 from tests.gateway.test_uploads import PDF, png_bytes
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from shared.db import UserLimits
+from signalbox.shared.db import UserLimits
 from tests.fake_anthropic import transcript_problems
 
 from .support import Harness, ok, say, spec, use

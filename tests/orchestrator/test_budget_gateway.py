@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import func, select
 from websockets.sync.client import connect
 
-from shared.db import Conversation, Turn, UserLimits
-from shared.settings import GatewaySettings
+from signalbox.shared.db import Conversation, Turn, UserLimits
+from signalbox.shared.settings import GatewaySettings
 from tests.fake_anthropic import transcript_problems
 from tests.gateway.conftest import LiveGateway
 

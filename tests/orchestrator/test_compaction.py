@@ -7,9 +7,9 @@ import time
 
 from sqlalchemy import select
 
-from services.orchestrator.anthropic_model import AnthropicModel
-from services.orchestrator.compaction import NOTE_HEADER, SUMMARY_INSTRUCTION
-from shared.db.models import Compaction, ModelRequest
+from signalbox.services.orchestrator.anthropic_model import AnthropicModel
+from signalbox.services.orchestrator.compaction import NOTE_HEADER, SUMMARY_INSTRUCTION
+from signalbox.shared.db.models import Compaction, ModelRequest
 from tests.fake_anthropic import FakeAnthropic, text, tool_use
 from tests.fake_prompt_cache import count_tokens
 

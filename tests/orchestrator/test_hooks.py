@@ -14,8 +14,9 @@ from typing import Any, ClassVar
 
 import pytest
 
-from services.orchestrator.anthropic_model import AnthropicModel
-from services.orchestrator.hooks import (
+from signalbox.hooks import Hook as PublicHook
+from signalbox.services.orchestrator.anthropic_model import AnthropicModel
+from signalbox.services.orchestrator.hooks import (
     Hook,
     HookLoadError,
     Hooks,
@@ -25,8 +26,7 @@ from services.orchestrator.hooks import (
     from_entry_points,
     from_module,
 )
-from services.orchestrator.model import ModelRequest, ToolUse
-from signalbox.hooks import Hook as PublicHook
+from signalbox.services.orchestrator.model import ModelRequest, ToolUse
 from tests.fake_anthropic import FakeAnthropic, text
 
 from .support import Harness, ok, say, spec, use

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.orchestrator.anthropic_model import AnthropicModel
-from services.orchestrator.model import (
+from signalbox.services.orchestrator.anthropic_model import AnthropicModel
+from signalbox.services.orchestrator.model import (
     ModelError,
     ModelEvent,
     ModelRequest,

@@ -21,16 +21,20 @@ import redis
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
-from services.orchestrator import model_step
-from services.orchestrator.anthropic_model import AnthropicModel
-from services.orchestrator.approvals import ApprovalFeed, Resolution
-from services.orchestrator.transcript import ProposalNote, build_messages, load_proposal_notes
-from services.proposals.app import create_app
-from shared.db.models import Proposal, now
-from shared.ids import new_id
-from shared.redis_keys import RedisKeys
-from shared.settings import ProposalsSettings
-from shared.tool_contract import ToolCallRequest, ToolResult
+from signalbox.services.orchestrator import model_step
+from signalbox.services.orchestrator.anthropic_model import AnthropicModel
+from signalbox.services.orchestrator.approvals import ApprovalFeed, Resolution
+from signalbox.services.orchestrator.transcript import (
+    ProposalNote,
+    build_messages,
+    load_proposal_notes,
+)
+from signalbox.services.proposals.app import create_app
+from signalbox.shared.db.models import Proposal, now
+from signalbox.shared.ids import new_id
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import ProposalsSettings
+from signalbox.shared.tool_contract import ToolCallRequest, ToolResult
 from tests.fake_anthropic import FakeAnthropic, Stall, text, tool_use
 
 from .support import Harness, make_conversation, make_turn, ok, spec, wait_for

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from sqlalchemy import update
 
-from services.orchestrator.transcript import load_proposal_notes, note_text
-from shared.db import Proposal
-from shared.db.models import Turn
-from shared.ids import new_id
+from signalbox.services.orchestrator.transcript import load_proposal_notes, note_text
+from signalbox.shared.db import Proposal
+from signalbox.shared.db.models import Turn
+from signalbox.shared.ids import new_id
 
 from .support import Harness, say, spec, use
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.orchestrator.demo_model import DEMO_LABEL, DemoModel
-from services.orchestrator.model import (
+from signalbox.services.orchestrator.demo_model import DEMO_LABEL, DemoModel
+from signalbox.services.orchestrator.model import (
     ModelEvent,
     ModelRequest,
     StepEnd,

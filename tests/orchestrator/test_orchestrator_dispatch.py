@@ -17,12 +17,12 @@ import pytest
 import redis
 from celery import Celery
 
-from services.orchestrator.dispatch import HARD_LIMIT_EXTRA_S, CeleryDispatcher
-from shared.celery_app import RUN_TOOL_TASK, make_celery
-from shared.ids import new_id
-from shared.redis_keys import RedisKeys
-from shared.settings import CommonSettings
-from shared.tool_contract import ToolCallRequest, ToolSpec
+from signalbox.services.orchestrator.dispatch import HARD_LIMIT_EXTRA_S, CeleryDispatcher
+from signalbox.shared.celery_app import RUN_TOOL_TASK, make_celery
+from signalbox.shared.ids import new_id
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import CommonSettings
+from signalbox.shared.tool_contract import ToolCallRequest, ToolSpec
 
 
 @pytest.fixture

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from services.orchestrator import deliveries
-from services.orchestrator.lease import holder_pid
-from services.orchestrator.recovery import Reconciler
-from services.orchestrator.store import utcnow
-from shared.db.models import ToolCall, Turn
-from shared.tool_contract import ToolCallRequest, ToolResult
+from signalbox.services.orchestrator import deliveries
+from signalbox.services.orchestrator.lease import holder_pid
+from signalbox.services.orchestrator.recovery import Reconciler
+from signalbox.services.orchestrator.store import utcnow
+from signalbox.shared.db.models import ToolCall, Turn
+from signalbox.shared.tool_contract import ToolCallRequest, ToolResult
 
 from .support import Harness, ok, say, spec, use
 

@@ -11,9 +11,9 @@ from datetime import timedelta
 
 from sqlalchemy import update
 
-from shared.db.models import Message, ToolCall, Turn
-from shared.events import ToolCallFinished
-from shared.tool_contract import ToolCallRequest, ToolResult
+from signalbox.shared.db.models import Message, ToolCall, Turn
+from signalbox.shared.events import ToolCallFinished
+from signalbox.shared.tool_contract import ToolCallRequest, ToolResult
 
 from .support import Harness, say, spec, use
 

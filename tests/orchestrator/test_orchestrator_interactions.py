@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from services.orchestrator import store
-from services.orchestrator.policy import ToolPolicy, ToolRule
-from services.orchestrator.recovery import Reconciler
-from shared.auth import hash_token
-from shared.db.models import ToolCall, Turn
-from shared.settings import GatewaySettings
+from signalbox.services.orchestrator import store
+from signalbox.services.orchestrator.policy import ToolPolicy, ToolRule
+from signalbox.services.orchestrator.recovery import Reconciler
+from signalbox.shared.auth import hash_token
+from signalbox.shared.db.models import ToolCall, Turn
+from signalbox.shared.settings import GatewaySettings
 from tests.fake_anthropic import transcript_problems
 from tests.gateway.conftest import LiveGateway
 from tests.wsclient import WsClient

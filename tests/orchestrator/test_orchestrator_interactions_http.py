@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shared.settings import GatewaySettings
+from signalbox.shared.settings import GatewaySettings
 from tests.gateway.conftest import LiveGateway
 
 from .support import Harness, say, use

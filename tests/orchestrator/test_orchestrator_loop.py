@@ -10,14 +10,20 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from services.orchestrator import loop
-from services.orchestrator.anthropic_model import AnthropicModel
-from services.orchestrator.cancel_watch import CancelWatch
-from services.orchestrator.lease import TurnLease
-from services.orchestrator.model import ModelError, ModelEvent, ModelRequest, StepEnd, TextDelta
-from services.orchestrator.recovery import Reconciler
-from shared.db.models import Message, ToolCall, Turn
-from shared.tool_contract import ToolResult, publish_result
+from signalbox.services.orchestrator import loop
+from signalbox.services.orchestrator.anthropic_model import AnthropicModel
+from signalbox.services.orchestrator.cancel_watch import CancelWatch
+from signalbox.services.orchestrator.lease import TurnLease
+from signalbox.services.orchestrator.model import (
+    ModelError,
+    ModelEvent,
+    ModelRequest,
+    StepEnd,
+    TextDelta,
+)
+from signalbox.services.orchestrator.recovery import Reconciler
+from signalbox.shared.db.models import Message, ToolCall, Turn
+from signalbox.shared.tool_contract import ToolResult, publish_result
 from tests.fake_anthropic import FakeAnthropic, stream_error, text, tool_use, transcript_problems
 
 from .support import Harness, RunnerDied, ok, say, silent, spec, use, wait_for

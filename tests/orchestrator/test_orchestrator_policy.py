@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.orchestrator.context_budget import estimate_tokens, fit
-from services.orchestrator.policy import (
+from signalbox.services.orchestrator.context_budget import estimate_tokens, fit
+from signalbox.services.orchestrator.policy import (
     PolicyError,
     ToolPolicy,
     ToolRule,
@@ -23,7 +23,7 @@ from services.orchestrator.policy import (
     parse_policy,
     read_policy_file,
 )
-from shared.settings import OrchestratorSettings
+from signalbox.shared.settings import OrchestratorSettings
 from tests.fake_anthropic import transcript_problems
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,7 +125,7 @@ def test_the_orchestrator_does_not_start_with_a_broken_policy(tmp_path: Path) ->
     }
 
     started = subprocess.run(
-        [sys.executable, "-c", "import services.orchestrator.worker"],
+        [sys.executable, "-c", "import signalbox.services.orchestrator.worker"],
         env=env,
         cwd=REPO,
         capture_output=True,

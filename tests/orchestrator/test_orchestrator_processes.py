@@ -16,15 +16,15 @@ from celery import Celery
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.orchestrator.demo_model import DEMO_LABEL
-from shared.celery_app import RUN_TURN_TASK, make_celery
-from shared.db.models import ToolCall, Turn
-from shared.event_stream import EventStream
-from shared.events import Event
-from shared.redis_keys import RedisKeys
-from shared.settings import CommonSettings
-from shared.tool_contract import read_catalogue
 from signalbox.processes import Child, ServiceCommands, child_env, log_contains, python_module
+from signalbox.services.orchestrator.demo_model import DEMO_LABEL
+from signalbox.shared.celery_app import RUN_TURN_TASK, make_celery
+from signalbox.shared.db.models import ToolCall, Turn
+from signalbox.shared.event_stream import EventStream
+from signalbox.shared.events import Event
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import CommonSettings
+from signalbox.shared.tool_contract import read_catalogue
 
 from .conftest import UNROUTABLE_BASE_URL
 from .standin_tools_worker import gate_key, latch_key

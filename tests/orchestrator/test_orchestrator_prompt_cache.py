@@ -7,10 +7,10 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from services.orchestrator.anthropic_model import AnthropicModel
-from services.orchestrator.demo_model import DemoModel
-from services.orchestrator.model import ModelRequest, StepEnd, ToolDef
-from services.orchestrator.prompt_cache import MAX_BREAKPOINTS, mark
+from signalbox.services.orchestrator.anthropic_model import AnthropicModel
+from signalbox.services.orchestrator.demo_model import DemoModel
+from signalbox.services.orchestrator.model import ModelRequest, StepEnd, ToolDef
+from signalbox.services.orchestrator.prompt_cache import MAX_BREAKPOINTS, mark
 from tests.fake_anthropic import FakeAnthropic, RecordedRequest, text, tool_use
 from tests.fake_prompt_cache import breakpoints, count_tokens
 

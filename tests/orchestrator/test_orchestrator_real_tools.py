@@ -23,13 +23,13 @@ import redis
 from celery import Celery
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.celery_app import RUN_TURN_TASK, make_celery
-from shared.event_stream import EventStream
-from shared.events import Event
-from shared.redis_keys import RedisKeys
-from shared.settings import CommonSettings, GatewaySettings
-from shared.tool_contract import read_catalogue
 from signalbox.processes import Child, ServiceCommands, child_env, log_contains
+from signalbox.shared.celery_app import RUN_TURN_TASK, make_celery
+from signalbox.shared.event_stream import EventStream
+from signalbox.shared.events import Event
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import CommonSettings, GatewaySettings
+from signalbox.shared.tool_contract import read_catalogue
 from tests.fake_anthropic import FakeAnthropic, text, tool_use
 from tests.gateway.conftest import LiveGateway
 from tests.wsclient import Frame, WsClient

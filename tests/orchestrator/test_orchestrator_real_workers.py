@@ -31,18 +31,18 @@ from celery import Celery
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.tools.cgroups import RUN_PREFIX
-from services.tools.sandbox import SANDBOX_UID_BASE, SANDBOX_UID_SPAN, unavailable
-from services.tools.test_tools import counter_key
-from shared.celery_app import RUN_TURN_TASK, make_celery
-from shared.db.models import Proposal, ToolCall, Turn
-from shared.event_stream import EventStream
-from shared.events import Event
-from shared.redis_keys import RedisKeys
-from shared.settings import CommonSettings
-from shared.tool_contract import read_catalogue
 from signalbox.processes import Child, ServiceCommands, child_env, http_ok, log_contains, wait_until
 from signalbox.redis_server import free_port
+from signalbox.services.tools.cgroups import RUN_PREFIX
+from signalbox.services.tools.sandbox import SANDBOX_UID_BASE, SANDBOX_UID_SPAN, unavailable
+from signalbox.services.tools.test_tools import counter_key
+from signalbox.shared.celery_app import RUN_TURN_TASK, make_celery
+from signalbox.shared.db.models import Proposal, ToolCall, Turn
+from signalbox.shared.event_stream import EventStream
+from signalbox.shared.events import Event
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import CommonSettings
+from signalbox.shared.tool_contract import read_catalogue
 from tests.fake_anthropic import FakeAnthropic, Scripted, text, tool_use
 
 from .support import make_conversation, make_turn

@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from shared.db.models import Message, ToolCall, Turn
+from signalbox.shared.db.models import Message, ToolCall, Turn
 from tests.fake_anthropic import transcript_problems
 
 from .support import Harness, ok, say, spec, use

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.orchestrator.text_deltas import DeltaBuffer
-from shared.events import output_preview as preview
+from signalbox.services.orchestrator.text_deltas import DeltaBuffer
+from signalbox.shared.events import output_preview as preview
 
 
 def test_deltas_are_coalesced_per_window_and_flushed_at_the_end() -> None:

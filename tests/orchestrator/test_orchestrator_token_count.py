@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.orchestrator.anthropic_model import AnthropicModel
-from services.orchestrator.context_budget import estimate_tokens, fit
-from services.orchestrator.token_count import ApiTokenCounter
+from signalbox.services.orchestrator.anthropic_model import AnthropicModel
+from signalbox.services.orchestrator.context_budget import estimate_tokens, fit
+from signalbox.services.orchestrator.token_count import ApiTokenCounter
 from tests.fake_anthropic import FakeAnthropic, text, tool_use
 from tests.fake_prompt_cache import proxy_tokens
 

@@ -9,7 +9,11 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.orchestrator.transcript import FINAL_CALL_STATUSES, OPEN_CALL_STATUSES, build_messages
+from signalbox.services.orchestrator.transcript import (
+    FINAL_CALL_STATUSES,
+    OPEN_CALL_STATUSES,
+    build_messages,
+)
 from tests.fake_anthropic import transcript_problems
 
 

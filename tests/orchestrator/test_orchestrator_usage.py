@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from services.orchestrator.anthropic_model import AnthropicModel
-from services.orchestrator.demo_model import DEMO_MODEL_NAME, DemoModel
-from services.orchestrator.pricing import PriceError, PriceTable, Tokens
-from shared.db.models import ModelRequest
+from signalbox.services.orchestrator.anthropic_model import AnthropicModel
+from signalbox.services.orchestrator.demo_model import DEMO_MODEL_NAME, DemoModel
+from signalbox.services.orchestrator.pricing import PriceError, PriceTable, Tokens
+from signalbox.shared.db.models import ModelRequest
 from tests.fake_anthropic import FakeAnthropic, text, tool_use
 
 from .support import Harness, ok, spec

@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
-from services.orchestrator import plan_graph
-from services.orchestrator.builtin_tools import RUN_PLAN_DEF
-from services.orchestrator.demo_model import DemoModel
-from services.orchestrator.model import ModelRequest, ToolDef, ToolUse
-from services.orchestrator.transcript import load_messages
-from shared.db.models import ToolCall, Turn
-from shared.db.plans import PlanStep
-from shared.tool_contract import ToolCallRequest, ToolResult
+from signalbox.services.orchestrator import plan_graph
+from signalbox.services.orchestrator.builtin_tools import RUN_PLAN_DEF
+from signalbox.services.orchestrator.demo_model import DemoModel
+from signalbox.services.orchestrator.model import ModelRequest, ToolDef, ToolUse
+from signalbox.services.orchestrator.transcript import load_messages
+from signalbox.shared.db.models import ToolCall, Turn
+from signalbox.shared.db.plans import PlanStep
+from signalbox.shared.tool_contract import ToolCallRequest, ToolResult
 from tests.fake_anthropic import transcript_problems
 
 from .support import Harness, RunnerDied, ok, say, spec, use

@@ -7,8 +7,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from services.orchestrator.anthropic_model import AnthropicModel
-from shared.db.models import Message, ModelRequest
+from signalbox.services.orchestrator.anthropic_model import AnthropicModel
+from signalbox.shared.db.models import Message, ModelRequest
 from tests.fake_anthropic import (
     FakeAnthropic,
     redacted_thinking,
@@ -135,8 +135,13 @@ def test_the_fake_refuses_thinking_altered_or_out_of_place_as_the_api_does() -> 
 
 
 def test_the_demo_model_thinks_when_the_agent_has_a_budget() -> None:
-    from services.orchestrator.demo_model import DemoModel
-    from services.orchestrator.model import ModelRequest, TextDelta, ThinkingBlock, ThinkingDelta
+    from signalbox.services.orchestrator.demo_model import DemoModel
+    from signalbox.services.orchestrator.model import (
+        ModelRequest,
+        TextDelta,
+        ThinkingBlock,
+        ThinkingDelta,
+    )
 
     ask = [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]
     thinks = list(DemoModel().stream(ModelRequest("", ask, thinking_budget_tokens=1024)))

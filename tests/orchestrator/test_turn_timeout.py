@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
-from services.orchestrator import store
-from services.orchestrator.recovery import Reconciler
-from shared.db.models import Turn
+from signalbox.services.orchestrator import store
+from signalbox.services.orchestrator.recovery import Reconciler
+from signalbox.shared.db.models import Turn
 from tests.fake_anthropic import transcript_problems
 
 from .bound_agents import bind_agent

@@ -17,12 +17,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
-from services.proposals.app import create_app
-from services.proposals.context import ServiceContext
-from shared.db import Conversation, Outbox
-from shared.redis_keys import RedisKeys
 from signalbox.processes import Child, ServiceCommands, child_env, http_ok
 from signalbox.redis_server import free_port
+from signalbox.services.proposals.app import create_app
+from signalbox.services.proposals.context import ServiceContext
+from signalbox.shared.db import Conversation, Outbox
+from signalbox.shared.redis_keys import RedisKeys
 
 
 class Response(Protocol):

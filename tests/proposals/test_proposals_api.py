@@ -10,9 +10,9 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
-from services.proposals.app import create_app
-from services.proposals.context import ServiceContext
-from shared.db import Outbox, Proposal
+from signalbox.services.proposals.app import create_app
+from signalbox.services.proposals.context import ServiceContext
+from signalbox.shared.db import Outbox, Proposal
 from tests.proposals.conftest import Approvals, Owner, Propose, events_of, resolved_rows
 
 

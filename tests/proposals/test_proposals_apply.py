@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from services.proposals import apply
-from services.proposals.apply import FileChange, PathRefused, StaleFiles, apply_changes
-from services.proposals.diffs import unified_diff
+from signalbox.services.proposals import apply
+from signalbox.services.proposals.apply import FileChange, PathRefused, StaleFiles, apply_changes
+from signalbox.services.proposals.diffs import unified_diff
 
 
 def sha(data: bytes) -> str:

@@ -4,7 +4,7 @@ dropped connection."""
 
 from __future__ import annotations
 
-from services.proposals.app import create_app
+from signalbox.services.proposals.app import create_app
 from tests.hostile_input import attack, routes
 from tests.proposals.conftest import Owner, StartService
 

@@ -9,9 +9,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db import Proposal
-from shared.db.models import Message, ToolCall, Turn
-from shared.ids import new_id
+from signalbox.shared.db import Proposal
+from signalbox.shared.db.models import Message, ToolCall, Turn
+from signalbox.shared.ids import new_id
 
 from .conftest import Owner
 

@@ -10,12 +10,12 @@ import pytest
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.proposals.faults import EXIT_CODE
-from services.proposals.journal import JOURNAL_DIR, TEMP_PREFIX
-from shared.db import Proposal, make_engine, make_session_factory
-from shared.db.migrate import upgrade
-from shared.event_stream import EventStream
-from shared.redis_keys import RedisKeys
+from signalbox.services.proposals.faults import EXIT_CODE
+from signalbox.services.proposals.journal import JOURNAL_DIR, TEMP_PREFIX
+from signalbox.shared.db import Proposal, make_engine, make_session_factory
+from signalbox.shared.db.migrate import upgrade
+from signalbox.shared.event_stream import EventStream
+from signalbox.shared.redis_keys import RedisKeys
 from tests.proposals.conftest import Approvals, Owner, ServiceProcess, StartService, resolved_rows
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from services.proposals import apply, workspace_files
-from services.proposals.journal import TEMP_PREFIX
-from services.proposals.workspace_files import PathRefused, Target, Tree
-from shared.safe_paths import SymlinkInPath, open_dirs_at, open_root
-from shared.workspace_paths import resolve_in_workspace
+from signalbox.services.proposals import apply, workspace_files
+from signalbox.services.proposals.journal import TEMP_PREFIX
+from signalbox.services.proposals.workspace_files import PathRefused, Target, Tree
+from signalbox.shared.safe_paths import SymlinkInPath, open_dirs_at, open_root
+from signalbox.shared.workspace_paths import resolve_in_workspace
 from tests.proposals.conftest import Owner, Propose
 
 Swap = Callable[[Path, Path], None]

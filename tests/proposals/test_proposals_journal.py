@@ -15,11 +15,11 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
-from services.proposals import apply, journal, recovery
-from services.proposals.apply import Applied, FileChange, JournalSpec, apply_changes
-from services.proposals.context import ServiceContext
-from services.proposals.sweeper import Sweeper
-from shared.db import Proposal
+from signalbox.services.proposals import apply, journal, recovery
+from signalbox.services.proposals.apply import Applied, FileChange, JournalSpec, apply_changes
+from signalbox.services.proposals.context import ServiceContext
+from signalbox.services.proposals.sweeper import Sweeper
+from signalbox.shared.db import Proposal
 from tests.proposals.conftest import Owner, Propose
 
 OLD = {"a.txt": "a old\n", "b.txt": "b old\n"}

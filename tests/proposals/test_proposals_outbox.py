@@ -15,12 +15,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
-from services.proposals import outbox
-from services.proposals.app import create_app
-from services.proposals.context import ServiceContext
-from shared.db import Outbox, Proposal
-from shared.event_stream import EventStream
-from shared.redis_keys import RedisKeys
+from signalbox.services.proposals import outbox
+from signalbox.services.proposals.app import create_app
+from signalbox.services.proposals.context import ServiceContext
+from signalbox.shared.db import Outbox, Proposal
+from signalbox.shared.event_stream import EventStream
+from signalbox.shared.redis_keys import RedisKeys
 from tests.proposals.conftest import Approvals, Owner
 from tests.proposals.tcp_proxy import Proxy
 

@@ -14,9 +14,9 @@ import redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db import Proposal
-from shared.event_stream import EventStream
-from shared.redis_keys import RedisKeys
+from signalbox.shared.db import Proposal
+from signalbox.shared.event_stream import EventStream
+from signalbox.shared.redis_keys import RedisKeys
 from tests.proposals.conftest import Owner, ServiceProcess, StartService
 
 

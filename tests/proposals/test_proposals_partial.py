@@ -9,8 +9,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
-from services.proposals.context import ServiceContext
-from shared.db import Proposal
+from signalbox.services.proposals.context import ServiceContext
+from signalbox.shared.db import Proposal
 from tests.proposals.conftest import Approvals, Owner, Propose, events_of, resolved_rows
 
 

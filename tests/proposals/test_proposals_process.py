@@ -9,8 +9,8 @@ import httpx
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.event_stream import EventStream
-from shared.redis_keys import RedisKeys
+from signalbox.shared.event_stream import EventStream
+from signalbox.shared.redis_keys import RedisKeys
 from tests.proposals.conftest import Approvals, Owner, StartService, resolved_rows
 
 DECIDERS = 50

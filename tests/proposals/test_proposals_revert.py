@@ -9,9 +9,9 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
-from services.proposals.context import ServiceContext
-from shared.db import Proposal
-from shared.proposals_api import DECIDED_MAX_LIMIT
+from signalbox.services.proposals.context import ServiceContext
+from signalbox.shared.db import Proposal
+from signalbox.shared.proposals_api import DECIDED_MAX_LIMIT
 from tests.proposals.conftest import Owner, Propose, events_of
 
 

@@ -12,9 +12,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
-from services.proposals import apply
-from services.proposals.context import ServiceContext
-from shared.db import Outbox
+from signalbox.services.proposals import apply
+from signalbox.services.proposals.context import ServiceContext
+from signalbox.shared.db import Outbox
 from tests.proposals.conftest import Owner, Propose
 
 

@@ -28,8 +28,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.proposals.journal import JOURNAL_DIR, TEMP_PREFIX
-from shared.db import Proposal
+from signalbox.services.proposals.journal import JOURNAL_DIR, TEMP_PREFIX
+from signalbox.shared.db import Proposal
 from tests.proposals.conftest import Owner, ServiceProcess, StartService
 
 RENAME_EXCHANGE = 2  # linux/fs.h: swap two names atomically

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from services.proposals import git_info
-from services.proposals.app import create_app
-from shared.db import Proposal, ProposalFile
+from signalbox.services.proposals import git_info
+from signalbox.services.proposals.app import create_app
+from signalbox.shared.db import Proposal, ProposalFile
 from tests.proposals.conftest import Owner, Propose
 
 IDENTITY = ("-c", "user.name=Test", "-c", "user.email=test@localhost")

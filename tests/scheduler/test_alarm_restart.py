@@ -16,9 +16,9 @@ import redis
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db import Alarm, Turn
-from shared.event_stream import EventStream
-from shared.redis_keys import RedisKeys
+from signalbox.shared.db import Alarm, Turn
+from signalbox.shared.event_stream import EventStream
+from signalbox.shared.redis_keys import RedisKeys
 from signalbox.stack import Stack, StackConfig
 
 # After the alarm's turn, how long nothing more may start: several beat periods.

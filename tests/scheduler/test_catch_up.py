@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from services.scheduler.entries import first_fire
-from shared.db import Schedule
+from signalbox.services.scheduler.entries import first_fire
+from signalbox.shared.db import Schedule
 
 NOW = datetime(2030, 6, 3, 12, 0, 30, tzinfo=UTC)  # a Monday
 

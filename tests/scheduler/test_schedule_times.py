@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from shared.schedule_times import BadSchedule, check_cron, next_cron_fire, zone
+from signalbox.shared.schedule_times import BadSchedule, check_cron, next_cron_fire, zone
 
 
 def test_an_hourly_cron_in_paris_waits_for_the_active_hours() -> None:

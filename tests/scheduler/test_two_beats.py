@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db import Schedule, ScheduleRun, Turn
-from shared.ids import new_id
+from signalbox.shared.db import Schedule, ScheduleRun, Turn
+from signalbox.shared.ids import new_id
 
 RUN_S = 20
 
@@ -24,7 +24,7 @@ RUN_S = 20
 def _start(env: dict[str, str], name: str, log_dir: str) -> subprocess.Popen[bytes]:
     log = open(os.path.join(log_dir, f"{name}.log"), "wb")  # noqa: SIM115 - lives with the child
     return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "services.scheduler.worker:app", "worker",
+        [sys.executable, "-m", "celery", "-A", "signalbox.services.scheduler.worker:app", "worker",
          "-B", "-Q", "scheduler", "--pool", "threads", "-c", "2", "-n", f"{name}@%h",
          "--without-gossip", "--without-mingle", "--loglevel", "INFO"],
         env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -99,7 +99,7 @@ def test_a_one_second_schedule_under_two_beats_runs_each_tick_once(
         assert row is not None
         row.paused = True
         session.commit()
-    from services.scheduler.tasks import sync_schedule
+    from signalbox.services.scheduler.tasks import sync_schedule
 
     sync_schedule.delay(schedule_id).get(timeout=20)
     paused_at = counts()[0]

@@ -14,9 +14,9 @@ from typing import TypeVar
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db import Conversation, User, Workspace
-from shared.db.concurrency import insert_or_get, lock_row
-from shared.ids import new_id
+from signalbox.shared.db import Conversation, User, Workspace
+from signalbox.shared.db.concurrency import insert_or_get, lock_row
+from signalbox.shared.ids import new_id
 
 THREADS = 16
 BARRIER_TIMEOUT_S = 30.0

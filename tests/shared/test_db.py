@@ -7,8 +7,8 @@ from collections.abc import Callable
 from sqlalchemy import inspect
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db import Base, User
-from shared.db.users import issue_token, revoke_tokens, user_for_token
+from signalbox.shared.db import Base, User
+from signalbox.shared.db.users import issue_token, revoke_tokens, user_for_token
 
 
 def test_migration_creates_every_table_of_the_models(db_sessions: sessionmaker[Session]) -> None:

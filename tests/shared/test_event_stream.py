@@ -8,8 +8,8 @@ import uuid
 import pytest
 import redis
 
-from shared.event_stream import EventStream, ReplayGap, check_event_id, id_after
-from shared.redis_keys import RedisKeys
+from signalbox.shared.event_stream import EventStream, ReplayGap, check_event_id, id_after
+from signalbox.shared.redis_keys import RedisKeys
 
 
 def test_read_after_returns_exactly_the_later_events(

@@ -20,9 +20,9 @@ import jsonschema  # type: ignore[import-untyped]  # no stubs installed
 import pytest
 from websockets.sync.client import connect
 
-from shared.protocol_schema import SCHEMA_PATH, protocol_schema, render
-from shared.timestamps import RFC3339_PATTERN
 from signalbox.client import ws_url
+from signalbox.shared.protocol_schema import SCHEMA_PATH, protocol_schema, render
+from signalbox.shared.timestamps import RFC3339_PATTERN
 from signalbox.stack import Stack
 from tests.conftest import _user_factory
 
@@ -110,7 +110,7 @@ def validator(schema: dict[str, Any], root: str) -> Any:
 
 def test_the_committed_schema_is_the_one_the_models_generate() -> None:
     assert SCHEMA_PATH.read_text(encoding="utf-8") == render(), (
-        "docs/protocol.schema.json is stale: run `python -m shared.protocol_schema`"
+        "docs/protocol.schema.json is stale: run `python -m signalbox.shared.protocol_schema`"
     )
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta, timezone
 
-from shared.events import utc_now
-from shared.timestamps import rfc3339, rfc3339_or_none
+from signalbox.shared.events import utc_now
+from signalbox.shared.timestamps import rfc3339, rfc3339_or_none
 
 FORMAT = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 

@@ -22,17 +22,17 @@ import redis
 import uvicorn
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.tools.catalogue import load_tools
-from services.tools.execution import execute
-from services.tools.proposals_client import make_client
-from services.tools.registry import Registry, ToolContext
-from shared.db import Conversation
-from shared.ids import new_id
-from shared.redis_keys import RedisKeys
-from shared.settings import ProposalsSettings, ToolsSettings, load
-from shared.tool_contract import ToolCallRequest, ToolResult
-from shared.workspace_paths import workspace_dir
 from signalbox.redis_server import free_port
+from signalbox.services.tools.catalogue import load_tools
+from signalbox.services.tools.execution import execute
+from signalbox.services.tools.proposals_client import make_client
+from signalbox.services.tools.registry import Registry, ToolContext
+from signalbox.shared.db import Conversation
+from signalbox.shared.ids import new_id
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import ProposalsSettings, ToolsSettings, load
+from signalbox.shared.tool_contract import ToolCallRequest, ToolResult
+from signalbox.shared.workspace_paths import workspace_dir
 
 SERVER_START_TIMEOUT_S = 10.0
 SECRET = "TOPSECRET-d41d8cd9"  # written only outside the workspace
@@ -139,7 +139,7 @@ def sandbox_ready() -> None:
     CI runs on the machine kind the sandbox is built for (root, bubblewrap from apt, a
     memory cgroup), so a sandbox test that does not run there is a failure, not a skip.
     """
-    from services.tools.sandbox import unavailable
+    from signalbox.services.tools.sandbox import unavailable
 
     reason = unavailable()
     if reason is None:
@@ -164,7 +164,7 @@ def proposals_url(
     tools_workspaces_root: Path,
 ) -> Iterator[str]:
     """The real proposals service on real uvicorn (in a thread), shared by the write tests."""
-    from services.proposals.app import create_app
+    from signalbox.services.proposals.app import create_app
 
     settings = ProposalsSettings(
         redis_url=redis_url,

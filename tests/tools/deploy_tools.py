@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from services.tools.registry import Registry, ToolContext
+from signalbox.services.tools.registry import Registry, ToolContext
 
 registry = Registry()
 extra = Registry()  # a second registry, loaded as ``tests.tools.deploy_tools:extra``

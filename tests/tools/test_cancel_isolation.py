@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 import redis
 
-from services.orchestrator.dispatch import CeleryDispatcher
-from services.tools.test_tools import counter_key
-from shared import call_cancel
-from shared.celery_app import make_celery
-from shared.ids import new_id
-from shared.redis_keys import RedisKeys
-from shared.settings import ToolsSettings, load
-from shared.tool_contract import ToolCallRequest, ToolResult, ToolSpec, read_catalogue
 from signalbox.processes import Child, ServiceCommands, child_env, log_contains, wait_until
+from signalbox.services.orchestrator.dispatch import CeleryDispatcher
+from signalbox.services.tools.test_tools import counter_key
+from signalbox.shared import call_cancel
+from signalbox.shared.celery_app import make_celery
+from signalbox.shared.ids import new_id
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import ToolsSettings, load
+from signalbox.shared.tool_contract import ToolCallRequest, ToolResult, ToolSpec, read_catalogue
 
 DEADLINE_S = 15.0  # a deadline to wait for, not a performance assertion
 CANCEL_SIGNAL = signal.Signals[call_cancel.CANCEL_SIGNAL]  # what the revoke sends

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from services.tools import cgroups
-from services.tools.cgroups import RunCgroup, parse_memberships, parse_mounts
 from signalbox.processes import wait_until
+from signalbox.services.tools import cgroups
+from signalbox.services.tools.cgroups import RunCgroup, parse_memberships, parse_mounts
 
 HYBRID_MOUNTINFO = """\
 25 30 0:23 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw

@@ -13,9 +13,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.tools.confinement import confine, open_directory, open_file
-from shared.db import Proposal
-from shared.workspace_paths import PathOutsideWorkspace
+from signalbox.services.tools.confinement import confine, open_directory, open_file
+from signalbox.shared.db import Proposal
+from signalbox.shared.workspace_paths import PathOutsideWorkspace
 from tests.tools.conftest import SECRET, ToolEnv
 
 ESCAPES = [

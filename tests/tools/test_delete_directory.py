@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.tools.proposals_client import USER_HEADER
+from signalbox.services.tools.proposals_client import USER_HEADER
 from tests.tools.conftest import ToolEnv
 from tests.tools.test_workspace_view import _chain, _unchain
 

@@ -10,13 +10,13 @@ import redis
 from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import BaseModel
 
-from services.tools import test_tools
-from services.tools.catalogue import CatalogueRefresher, load_tools
-from services.tools.execution import OUTPUT_MAX_BYTES, Deps, cap_output, execute, run_call
-from services.tools.registry import Registry, ToolContext, ToolError, ToolTimeout
-from shared.ids import new_id
-from shared.redis_keys import RedisKeys
-from shared.tool_contract import ToolResult, read_catalogue
+from signalbox.services.tools import test_tools
+from signalbox.services.tools.catalogue import CatalogueRefresher, load_tools
+from signalbox.services.tools.execution import OUTPUT_MAX_BYTES, Deps, cap_output, execute, run_call
+from signalbox.services.tools.registry import Registry, ToolContext, ToolError, ToolTimeout
+from signalbox.shared.ids import new_id
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.tool_contract import ToolResult, read_catalogue
 from tests.tools.conftest import ToolEnv
 
 

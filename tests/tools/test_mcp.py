@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from services.tools.catalogue import worker_tools
-from services.tools.mcp_tools import tool_name
-from shared.settings import McpServerSettings, SettingsError, ToolsSettings, load
+from signalbox.services.tools.catalogue import worker_tools
+from signalbox.services.tools.mcp_tools import tool_name
+from signalbox.shared.settings import McpServerSettings, SettingsError, ToolsSettings, load
 from tests.tools.conftest import ToolEnv
 
 SERVER = [sys.executable, "-m", "tests.tools.mcp_server"]

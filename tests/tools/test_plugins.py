@@ -7,10 +7,10 @@ from importlib.metadata import EntryPoint
 
 import pytest
 
-from services.tools import plugins
-from services.tools.catalogue import load_tools, served, worker_tools
-from services.tools.plugins import ENTRY_POINT_GROUP, ToolLoadError
-from shared.settings import SettingsError, ToolsSettings, load
+from signalbox.services.tools import plugins
+from signalbox.services.tools.catalogue import load_tools, served, worker_tools
+from signalbox.services.tools.plugins import ENTRY_POINT_GROUP, ToolLoadError
+from signalbox.shared.settings import SettingsError, ToolsSettings, load
 from tests.tools.conftest import ToolEnv
 
 
@@ -60,7 +60,7 @@ def test_an_entry_point_that_does_not_load_names_itself() -> None:
     [
         ("tests.tools.no_such_module", "cannot import tool module 'tests.tools.no_such_module'"),
         ("tests.tools.deploy_tools:missing", "has no attribute 'missing'"),
-        ("tests.tools.deploy_tools:not_a_registry", "expected a services.tools Registry"),
+        ("tests.tools.deploy_tools:not_a_registry", "expected a signalbox.services.tools Registry"),
         ("tests.tools.conftest", "module 'tests.tools.conftest' has no attribute 'registry'"),
     ],
 )

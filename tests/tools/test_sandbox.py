@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from services.tools import sandbox
-from services.tools.execution import execute
-from services.tools.sandbox import Limits, Outcome, run_sandboxed
-from shared.ids import new_id
-from shared.tool_contract import ToolResult
+from signalbox.services.tools import sandbox
+from signalbox.services.tools.execution import execute
+from signalbox.services.tools.sandbox import Limits, Outcome, run_sandboxed
+from signalbox.shared.ids import new_id
+from signalbox.shared.tool_contract import ToolResult
 from tests.tools.conftest import ToolEnv
 
 

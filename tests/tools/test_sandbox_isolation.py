@@ -23,14 +23,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from services.tools.cgroups import RUN_PREFIX
-from services.tools.execution import execute
-from services.tools.sandbox import SANDBOX_UID_BASE, Limits, run_sandboxed
-from shared.db import Conversation, Turn, make_engine, make_session_factory
-from shared.db.users import create_user
-from shared.ids import new_id
-from shared.tool_contract import ToolResult
 from signalbox.admin import migrate
+from signalbox.services.tools.cgroups import RUN_PREFIX
+from signalbox.services.tools.execution import execute
+from signalbox.services.tools.sandbox import SANDBOX_UID_BASE, Limits, run_sandboxed
+from signalbox.shared.db import Conversation, Turn, make_engine, make_session_factory
+from signalbox.shared.db.users import create_user
+from signalbox.shared.ids import new_id
+from signalbox.shared.tool_contract import ToolResult
 from tests.tools.conftest import ToolEnv
 
 MIB = 1024 * 1024

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import redis
 
-from shared.redis_keys import RedisKeys
 from signalbox.processes import Child, ServiceCommands, StartError, child_env, log_contains
+from signalbox.shared.redis_keys import RedisKeys
 
 
 def _worker(tmp_path: Path, queues: str, env: dict[str, str]) -> Child:

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from services.tools.execution import execute
-from services.tools.workspace_view import STAGE_PREFIX
-from shared.ids import new_id
-from shared.tool_contract import ToolResult
-from shared.workspace_paths import workspace_dir
+from signalbox.services.tools.execution import execute
+from signalbox.services.tools.workspace_view import STAGE_PREFIX
+from signalbox.shared.ids import new_id
+from signalbox.shared.tool_contract import ToolResult
+from signalbox.shared.workspace_paths import workspace_dir
 from tests.tools.conftest import WORKSPACE, ToolEnv
 
 CREDENTIAL = "ghp_s3cr3tT0ken4f2a"

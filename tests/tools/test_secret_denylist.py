@@ -9,9 +9,9 @@ from pathlib import PurePosixPath
 
 import pytest
 
-from services.tools.denylist import DEFAULT_DENYLIST, denied
-from shared.secret_files import DEFAULT_SECRET_DENYLIST
-from shared.settings import ToolsSettings
+from signalbox.services.tools.denylist import DEFAULT_DENYLIST, denied
+from signalbox.shared.secret_files import DEFAULT_SECRET_DENYLIST
+from signalbox.shared.settings import ToolsSettings
 from tests.tools.conftest import ToolEnv
 
 CREDENTIAL = "ghp_s3cr3tT0ken4f2a"

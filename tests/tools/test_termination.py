@@ -13,11 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from services.tools import termination
-from services.tools.cgroups import RUN_PREFIX
-from services.tools.sandbox import SANDBOX_UID_BASE, SANDBOX_UID_SPAN, Limits, run_sandboxed
-from shared.call_cancel import CANCEL_SIGNAL
 from signalbox.processes import wait_until
+from signalbox.services.tools import termination
+from signalbox.services.tools.cgroups import RUN_PREFIX
+from signalbox.services.tools.sandbox import (
+    SANDBOX_UID_BASE,
+    SANDBOX_UID_SPAN,
+    Limits,
+    run_sandboxed,
+)
+from signalbox.shared.call_cancel import CANCEL_SIGNAL
 
 CANCEL = signal.Signals[CANCEL_SIGNAL]
 

@@ -14,8 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from services.tools.registry import ToolError, ToolTimeout
-from services.tools.web_fetch import (
+from signalbox.services.tools.registry import ToolError, ToolTimeout
+from signalbox.services.tools.web_fetch import (
     CHUNK_BYTES,
     FetchLimits,
     FetchRefused,
@@ -24,7 +24,7 @@ from services.tools.web_fetch import (
     readable,
     registry,
 )
-from shared.public_address import refusal
+from signalbox.shared.public_address import refusal
 from tests.tools.conftest import ToolEnv
 
 PUBLIC = "93.184.215.14"  # a global unicast address; no test connects to it for real

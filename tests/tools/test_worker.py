@@ -11,14 +11,14 @@ from typing import Any
 
 import redis
 
-from services.tools.test_tools import counter_key
-from shared.celery_app import RUN_TOOL_TASK, make_celery
-from shared.ids import new_id
-from shared.redis_keys import RedisKeys
-from shared.settings import ToolsSettings, load
-from shared.tool_contract import ToolCallRequest, ToolResult, read_catalogue
-from shared.workspace_paths import workspace_dir
 from signalbox.processes import Child, ServiceCommands, child_env, log_contains
+from signalbox.services.tools.test_tools import counter_key
+from signalbox.shared.celery_app import RUN_TOOL_TASK, make_celery
+from signalbox.shared.ids import new_id
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import ToolsSettings, load
+from signalbox.shared.tool_contract import ToolCallRequest, ToolResult, read_catalogue
+from signalbox.shared.workspace_paths import workspace_dir
 
 RESULTS_DEADLINE_S = 15.0
 

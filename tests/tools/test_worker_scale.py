@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import redis
 
-from shared.celery_app import RUN_TOOL_TASK, make_celery
-from shared.ids import new_id
-from shared.redis_keys import RedisKeys
-from shared.settings import ToolsSettings, load
-from shared.tool_contract import ToolCallRequest, ToolResult, read_catalogue
 from signalbox.processes import Child, ServiceCommands, child_env, log_contains
+from signalbox.shared.celery_app import RUN_TOOL_TASK, make_celery
+from signalbox.shared.ids import new_id
+from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import ToolsSettings, load
+from signalbox.shared.tool_contract import ToolCallRequest, ToolResult, read_catalogue
 from tests.tools.test_sandbox_isolation import FORK_AND_ALLOCATE
 
 DEADLINE_S = 15.0

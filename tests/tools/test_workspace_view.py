@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from services.tools import workspace_view as wv
-from services.tools.workspace_view import workspace_view
+from signalbox.services.tools import workspace_view as wv
+from signalbox.services.tools.workspace_view import workspace_view
 
 
 def _chain(root: Path, name: str, depth: int) -> None:

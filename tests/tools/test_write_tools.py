@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from services.tools.execution import execute
-from services.tools.proposals_client import USER_HEADER
+from signalbox.services.tools.execution import execute
+from signalbox.services.tools.proposals_client import USER_HEADER
 from tests.tools.conftest import ToolEnv
 
 pytestmark = pytest.mark.usefixtures("proposals_http")

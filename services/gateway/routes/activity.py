@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from services.gateway import activity as activity_
-from services.gateway.deps import CurrentUser, GatewayDep
+from signalbox.services.gateway import activity as activity_
+from signalbox.services.gateway.deps import CurrentUser, GatewayDep
 
 router = APIRouter(prefix="/api/activity")
 

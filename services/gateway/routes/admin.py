@@ -13,10 +13,10 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
-from services.gateway import admin
-from services.gateway.budgets import BudgetReport, budget_report, set_budget
-from services.gateway.deps import GatewayDep, IdPath, admin_user
-from shared.gateway_api import GatewayErrorBody
+from signalbox.services.gateway import admin
+from signalbox.services.gateway.budgets import BudgetReport, budget_report, set_budget
+from signalbox.services.gateway.deps import GatewayDep, IdPath, admin_user
+from signalbox.shared.gateway_api import GatewayErrorBody
 
 _REFUSED: dict[int | str, dict[str, Any]] = {
     403: {"model": GatewayErrorBody, "description": "`forbidden`: the caller is not an admin"},

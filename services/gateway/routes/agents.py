@@ -12,11 +12,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path
 
-from services.gateway import agents
-from services.gateway.deps import CurrentUser, GatewayDep
-from services.gateway.routes.interactions import REFUSALS
-from shared.agents import AGENT_NAME_PATTERN, AgentConfig, AgentName
-from shared.gateway_api import AgentView
+from signalbox.services.gateway import agents
+from signalbox.services.gateway.deps import CurrentUser, GatewayDep
+from signalbox.services.gateway.routes.interactions import REFUSALS
+from signalbox.shared.agents import AGENT_NAME_PATTERN, AgentConfig, AgentName
+from signalbox.shared.gateway_api import AgentView
 
 router = APIRouter(prefix="/api/agents")
 

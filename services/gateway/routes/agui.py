@@ -18,14 +18,14 @@ from ag_ui.encoder import EventEncoder
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
-from services.gateway import agui, turns
-from services.gateway.deps import CurrentUser, GatewayDep
-from services.gateway.errors import ReplayGapError
-from services.gateway.relay import Subscription
-from services.gateway.routes.interactions import REFUSALS
-from services.gateway.state import Gateway
-from shared.event_stream import ReplayGap
-from shared.events import Event
+from signalbox.services.gateway import agui, turns
+from signalbox.services.gateway.deps import CurrentUser, GatewayDep
+from signalbox.services.gateway.errors import ReplayGapError
+from signalbox.services.gateway.relay import Subscription
+from signalbox.services.gateway.routes.interactions import REFUSALS
+from signalbox.services.gateway.state import Gateway
+from signalbox.shared.event_stream import ReplayGap
+from signalbox.shared.events import Event
 
 router = APIRouter(prefix="/api")
 

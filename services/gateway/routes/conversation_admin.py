@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from services.gateway import conversation_admin
-from services.gateway.conversation_admin import ConversationOut
-from services.gateway.deps import CurrentUser, GatewayDep, IdPath
-from shared.protocol import NO_NUL
+from signalbox.services.gateway import conversation_admin
+from signalbox.services.gateway.conversation_admin import ConversationOut
+from signalbox.services.gateway.deps import CurrentUser, GatewayDep, IdPath
+from signalbox.shared.protocol import NO_NUL
 
 router = APIRouter(prefix="/api/conversations")
 

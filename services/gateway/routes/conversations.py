@@ -11,17 +11,17 @@ from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel, Field
 
-from services.gateway import conversations, turns
-from services.gateway.deps import CurrentUser, GatewayDep, IdPath
-from services.gateway.errors import BadInput, ReplayGapError
-from services.gateway.ownership import owned_conversation
-from services.gateway.routes.interactions import REFUSALS
-from services.gateway.stream_auth import bearer_scheme, stream_access
-from shared.agents import AgentName
-from shared.event_stream import ReplayGap, check_event_id
-from shared.events import Event
-from shared.gateway_api import ConversationDetail, ConversationSummary, TurnAccepted
-from shared.protocol import (
+from signalbox.services.gateway import conversations, turns
+from signalbox.services.gateway.deps import CurrentUser, GatewayDep, IdPath
+from signalbox.services.gateway.errors import BadInput, ReplayGapError
+from signalbox.services.gateway.ownership import owned_conversation
+from signalbox.services.gateway.routes.interactions import REFUSALS
+from signalbox.services.gateway.stream_auth import bearer_scheme, stream_access
+from signalbox.shared.agents import AgentName
+from signalbox.shared.event_stream import ReplayGap, check_event_id
+from signalbox.shared.events import Event
+from signalbox.shared.gateway_api import ConversationDetail, ConversationSummary, TurnAccepted
+from signalbox.shared.protocol import (
     MAX_ATTACHMENTS,
     MAX_CLIENT_TOOLS,
     MAX_ID_CHARS,

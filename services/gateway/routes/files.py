@@ -7,9 +7,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 
-from services.gateway import workspace_files
-from services.gateway.deps import CurrentUser, GatewayDep
-from shared.workspace_paths import WORKSPACE_NAME_MAX_CHARS, WORKSPACE_NAME_PATTERN
+from signalbox.services.gateway import workspace_files
+from signalbox.services.gateway.deps import CurrentUser, GatewayDep
+from signalbox.shared.workspace_paths import WORKSPACE_NAME_MAX_CHARS, WORKSPACE_NAME_PATTERN
 
 router = APIRouter(prefix="/api/workspaces/{name}")
 

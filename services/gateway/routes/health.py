@@ -9,8 +9,8 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
-from services.gateway.deps import GatewayDep
-from services.gateway.metrics import CONTENT_TYPE
+from signalbox.services.gateway.deps import GatewayDep
+from signalbox.services.gateway.metrics import CONTENT_TYPE
 
 router = APIRouter()
 log = logging.getLogger(__name__)

@@ -11,10 +11,10 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from services.gateway import interactions
-from services.gateway.deps import CurrentUser, GatewayDep, IdPath
-from shared.gateway_api import AnswerRecorded, GatewayErrorBody, ToolResultRecorded
-from shared.protocol import MAX_ANSWER_CHARS, MAX_ID_CHARS, MAX_TOOL_OUTPUT_CHARS, NO_NUL
+from signalbox.services.gateway import interactions
+from signalbox.services.gateway.deps import CurrentUser, GatewayDep, IdPath
+from signalbox.shared.gateway_api import AnswerRecorded, GatewayErrorBody, ToolResultRecorded
+from signalbox.shared.protocol import MAX_ANSWER_CHARS, MAX_ID_CHARS, MAX_TOOL_OUTPUT_CHARS, NO_NUL
 
 router = APIRouter(prefix="/api")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from services.gateway.admin import QuotaReport, quota_report
-from services.gateway.budgets import BudgetReport, budget_report
-from services.gateway.deps import CurrentUser, GatewayDep
+from signalbox.services.gateway.admin import QuotaReport, quota_report
+from signalbox.services.gateway.budgets import BudgetReport, budget_report
+from signalbox.services.gateway.deps import CurrentUser, GatewayDep
 
 router = APIRouter(prefix="/api/me")
 

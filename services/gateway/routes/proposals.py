@@ -14,10 +14,10 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from services.gateway import proposals_client
-from services.gateway.deps import CurrentUser, GatewayDep, IdPath
-from services.gateway.proposals_client import Refused
-from shared.proposals_api import (
+from signalbox.services.gateway import proposals_client
+from signalbox.services.gateway.deps import CurrentUser, GatewayDep, IdPath
+from signalbox.services.gateway.proposals_client import Refused
+from signalbox.shared.proposals_api import (
     DECIDED_DEFAULT_LIMIT,
     ApproveBody,
     DecidedLimit,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from services.gateway import schedules
-from services.gateway.deps import CurrentUser, GatewayDep, IdPath
-from shared.schedules_api import (
+from signalbox.services.gateway import schedules
+from signalbox.services.gateway.deps import CurrentUser, GatewayDep, IdPath
+from signalbox.shared.schedules_api import (
     AlarmOut,
     ScheduleIn,
     ScheduleOut,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from services.gateway.deps import CurrentUser, GatewayDep
-from services.gateway.tickets import TICKET_TTL_S, issue_ticket
-from shared.gateway_api import WsTicket
+from signalbox.services.gateway.deps import CurrentUser, GatewayDep
+from signalbox.services.gateway.tickets import TICKET_TTL_S, issue_ticket
+from signalbox.shared.gateway_api import WsTicket
 
 router = APIRouter()
 

@@ -7,11 +7,11 @@ from typing import Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from services.gateway import tool_decisions, turns
-from services.gateway.deps import CurrentUser, GatewayDep, IdPath
-from services.gateway.routes.interactions import REFUSALS
-from shared.gateway_api import ToolDecided, TurnCancel
-from shared.protocol import MAX_REASON_CHARS, NO_NUL
+from signalbox.services.gateway import tool_decisions, turns
+from signalbox.services.gateway.deps import CurrentUser, GatewayDep, IdPath
+from signalbox.services.gateway.routes.interactions import REFUSALS
+from signalbox.shared.gateway_api import ToolDecided, TurnCancel
+from signalbox.shared.protocol import MAX_REASON_CHARS, NO_NUL
 
 router = APIRouter(prefix="/api")
 

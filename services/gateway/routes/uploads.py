@@ -14,9 +14,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy.orm import Session
 
-from services.gateway import uploads
-from services.gateway.deps import CurrentUser, GatewayDep, IdPath
-from shared.gateway_api import GatewayErrorBody, UploadPublic
+from signalbox.services.gateway import uploads
+from signalbox.services.gateway.deps import CurrentUser, GatewayDep, IdPath
+from signalbox.shared.gateway_api import GatewayErrorBody, UploadPublic
 
 router = APIRouter(prefix="/api/uploads")
 

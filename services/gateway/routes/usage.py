@@ -14,9 +14,9 @@ from fastapi import APIRouter
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
-from services.gateway.deps import CurrentUser, GatewayDep, IdPath
-from services.gateway.ownership import owned_conversation
-from shared.db.usage import UsageSum, summarize
+from signalbox.services.gateway.deps import CurrentUser, GatewayDep, IdPath
+from signalbox.services.gateway.ownership import owned_conversation
+from signalbox.shared.db.usage import UsageSum, summarize
 
 router = APIRouter()
 

@@ -12,11 +12,16 @@ from typing import Any
 import anyio
 from fastapi import APIRouter
 
-from services.gateway import webhooks
-from services.gateway.deps import CurrentUser, GatewayDep, IdPath
-from services.gateway.routes.interactions import REFUSALS
-from services.gateway.webhooks import NewWebhook, WebhookCreated, WebhookDetail, WebhookView
-from shared.gateway_api import GatewayErrorBody
+from signalbox.services.gateway import webhooks
+from signalbox.services.gateway.deps import CurrentUser, GatewayDep, IdPath
+from signalbox.services.gateway.routes.interactions import REFUSALS
+from signalbox.services.gateway.webhooks import (
+    NewWebhook,
+    WebhookCreated,
+    WebhookDetail,
+    WebhookView,
+)
+from signalbox.shared.gateway_api import GatewayErrorBody
 
 router = APIRouter(prefix="/api/webhooks")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from services.gateway import workspaces
-from services.gateway.deps import CurrentUser, GatewayDep
-from shared.gateway_api import SelectedWorkspace, Workspace, Workspaces
-from shared.protocol import MAX_ID_CHARS
+from signalbox.services.gateway import workspaces
+from signalbox.services.gateway.deps import CurrentUser, GatewayDep
+from signalbox.shared.gateway_api import SelectedWorkspace, Workspace, Workspaces
+from signalbox.shared.protocol import MAX_ID_CHARS
 
 router = APIRouter(prefix="/api")
 

@@ -1,11 +1,11 @@
-"""Alembic environment: the URL comes from the config (set by shared.db.migrate)."""
+"""Alembic environment: the URL comes from the config (set by signalbox.shared.db.migrate)."""
 
 from __future__ import annotations
 
 from alembic import context
 
-from shared.db.models import Base
-from shared.db.session import make_engine
+from signalbox.shared.db.models import Base
+from signalbox.shared.db.session import make_engine
 
 config = context.config
 target_metadata = Base.metadata
