@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from signalbox.shared.db import Schedule, ScheduleRun, Turn
 from signalbox.shared.ids import new_id
 
-RUN_S = 20
+RUN_S = 60
 
 
 def _start(env: dict[str, str], name: str, log_dir: str) -> subprocess.Popen[bytes]:
@@ -47,6 +47,7 @@ def _wait(check: Callable[[], bool], timeout_s: float) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.timeout(RUN_S + 120)  # start-up, the first tick, RUN_S of ticks, the pause
 def test_a_one_second_schedule_under_two_beats_runs_each_tick_once(
     db_sessions: sessionmaker[Session],
     make_user: Callable[[], tuple[str, str]],

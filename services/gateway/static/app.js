@@ -4,6 +4,7 @@
 import { renderMarkdown, copyButton } from "./markdown.js";
 import { renderDiff } from "./diff.js";
 import { initFiles } from "./files.js";
+import { initSchedules } from "./schedules.js";
 import { initAttachments, chipsOf } from "./attachments.js";
 
 const $ = (id) => document.getElementById(id);
@@ -1023,13 +1024,20 @@ $("workspace-form").addEventListener("submit", async (ev) => {
 
 const attachments = initAttachments({ token: () => state.token, note });
 const files = initFiles({ api, workspace: () => state.workspace || $("workspace").value || "default" });
+const schedules = initSchedules({
+  api,
+  conversationId: () => state.conversationId,
+  workspace: () => $("workspace").value,
+  agent: () => $("agent").value,
+});
 
 function showTab(name) {
-  for (const tab of ["changes", "files"]) {
+  for (const tab of ["changes", "files", "schedules"]) {
     $(`tab-${tab}`).setAttribute("aria-selected", String(tab === name));
     $(`panel-${tab}`).hidden = tab !== name;
   }
   if (name === "files") files.refresh();
+  if (name === "schedules") schedules.show();
 }
 
 function openSide(tab) {
@@ -1058,8 +1066,10 @@ const toggle = (which) => (document.body.dataset.drawer === which ? closeDrawers
 $("toggle-nav").addEventListener("click", () => toggle("nav"));
 $("toggle-side").addEventListener("click", () => openSide("changes"));
 $("toggle-files").addEventListener("click", () => openSide("files"));
+$("toggle-schedules").addEventListener("click", () => openSide("schedules"));
 $("tab-changes").addEventListener("click", () => showTab("changes"));
 $("tab-files").addEventListener("click", () => showTab("files"));
+$("tab-schedules").addEventListener("click", () => showTab("schedules"));
 $("close-side").addEventListener("click", closeDrawers);
 $("scrim").addEventListener("click", closeDrawers);
 
