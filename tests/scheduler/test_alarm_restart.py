@@ -20,6 +20,7 @@ from signalbox.shared.db import Alarm, Turn
 from signalbox.shared.event_stream import EventStream
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.stack import Stack, StackConfig
+from tests.scheduler.polling import wait_for
 
 # After the alarm's turn, how long nothing more may start: several beat periods.
 QUIET_S = 4.0
@@ -42,13 +43,6 @@ def own_stack(
     stack.start()
     yield stack
     stack.stop()
-
-
-def _wait(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_an_alarm_for_two_seconds_rings_once_after_every_service_is_killed_and_restarted(
@@ -76,7 +70,7 @@ def test_an_alarm_for_two_seconds_rings_once_after_every_service_is_killed_and_r
                 select(Alarm).where(Alarm.conversation_id == conversation_id)
             ).first()
 
-    _wait(lambda: alarm() is not None, 30, "the alarm tool to store the alarm")
+    wait_for(lambda: alarm() is not None, 30, "the alarm tool to store the alarm")
     for child in list(stack.children.values()):  # a crash of everything, not a warm stop
         child.signal_group(signal.SIGKILL)
     stack.stop()
@@ -86,7 +80,7 @@ def test_an_alarm_for_two_seconds_rings_once_after_every_service_is_killed_and_r
     # Redis keeps nothing on disk in a deployment: the beat store is rebuilt from SQL.
     for key in redis_client.scan_iter(f"{stack.config.redis_prefix}redbeat:*"):
         redis_client.delete(key)
-    _wait(lambda: time.time() > stored.wake_at.timestamp(), 5, "the alarm time to pass")
+    wait_for(lambda: time.time() > stored.wake_at.timestamp(), 5, "the alarm time to pass")
 
     stack.start()
 
@@ -96,7 +90,7 @@ def test_an_alarm_for_two_seconds_rings_once_after_every_service_is_killed_and_r
                 session.scalars(select(Turn).where(Turn.client_turn_id == f"alarm:{stored.id}"))
             )
 
-    _wait(lambda: any(t.status == "completed" for t in alarm_turns()), 60, "the alarm's turn")
+    wait_for(lambda: any(t.status == "completed" for t in alarm_turns()), 60, "the alarm's turn")
     time.sleep(QUIET_S)  # what is asserted is that nothing more starts meanwhile
     [turn] = alarm_turns()
     assert turn.conversation_id == conversation_id and turn.text == "[alarm] check the build"

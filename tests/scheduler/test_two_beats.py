@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.shared.db import Schedule, ScheduleRun, Turn
 from signalbox.shared.ids import new_id
+from tests.scheduler.polling import wait_for
 
 RUN_S = 60
 
@@ -38,13 +39,6 @@ def two_schedulers(service_env: dict[str, str], tmp_path: object) -> Iterator[No
     for child in children:
         os.killpg(child.pid, signal.SIGKILL)
         child.wait()
-
-
-def _wait(check: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)
 
 
 @pytest.mark.timeout(RUN_S + 120)  # start-up, the first tick, RUN_S of ticks, the pause
@@ -88,9 +82,9 @@ def test_a_one_second_schedule_under_two_beats_runs_each_tick_once(
             return runs or 0, ticks or 0, turns or 0
 
     # The beats sync SQL at start-up: the schedule is picked up without any message.
-    _wait(lambda: counts()[0] >= 1, 60)
+    wait_for(lambda: counts()[0] >= 1, 60, "the scheduler")
     started = time.monotonic()
-    _wait(lambda: time.monotonic() - started > RUN_S, RUN_S + 5)
+    wait_for(lambda: time.monotonic() - started > RUN_S, RUN_S + 5, "the scheduler")
     runs, ticks, turns = counts()
     assert runs == ticks == turns  # one run and one turn per tick time
     assert RUN_S * 0.6 <= runs <= RUN_S + 3  # about one a second, never two beats' worth
