@@ -20,7 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import cost, gateway_load, load, plans, report, tool_calls, tool_overhead, turns
+from bench import (
+    cost,
+    fairness,
+    gateway_load,
+    load,
+    plans,
+    report,
+    tool_calls,
+    tool_overhead,
+    turns,
+)
 from bench.environment import BenchEnv
 from bench.profiling import SAMPLE_RATE_HZ, recording
 from bench.stats import Result
@@ -113,6 +123,9 @@ BENCHMARKS: dict[str, Benchmark] = {
         lambda env, o: gateway_load.connections(env, o.quick, o.rounds),
         rounds=1,
         quick_rounds=1,
+    ),
+    "fairness": Benchmark(
+        lambda env, o: fairness.fairness(env, o.rounds, o.quick), rounds=5, quick_rounds=1
     ),
     # Last: it adds a second orchestrator (stopped again at its end) and 200 conversations.
     "load": Benchmark(

@@ -30,6 +30,7 @@ ORDER = [
     "plans",
     "first_event",
     "throughput",
+    "fairness",
     "load",
 ]
 

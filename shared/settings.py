@@ -37,6 +37,15 @@ class CommonSettings(BaseSettings):
     workspaces_root: Path = Path("var/workspaces")
     visibility_timeout_s: int = DEFAULT_VISIBILITY_TIMEOUT_S
     log_level: str = "INFO"
+    # Fair scheduling (shared/admission.py): turns of one user running at once (an admin may
+    # set a user's own), and of the whole deployment (best: the orchestrators' total threads,
+    # so an admitted turn never waits in Celery's queue); 0: no limit.
+    max_running_turns_per_user: int = Field(default=4, ge=0)
+    max_running_turns: int = Field(default=0, ge=0)
+    # Quotas the proposals service enforces and the gateway reports (shared/quotas.py):
+    # proposals waiting for a decision, and bytes of all of a user's workspaces.
+    quota_pending_proposals: int = Field(default=1000, ge=0)
+    quota_workspace_bytes: int = Field(default=1024**3, ge=0)
 
     @field_validator("redis_url", "database_url")
     @classmethod

@@ -129,6 +129,23 @@ def set_budget(
         limits.month_tokens = month_tokens
 
 
+def set_share(database_url: str, name: str, running_turns: int | None, weight: int | None) -> None:
+    """Set user ``name``'s fair-scheduling share (shared/admission.py): turns running at
+    once (None: the deployment's; 0: no limit) and weight (None: 1)."""
+    if running_turns is not None and running_turns < 0:
+        raise AdminError(f"expected 0 running turns or more, got {running_turns}")
+    if weight is not None and weight < 1:
+        raise AdminError(f"expected a weight of 1 or more, got {weight}")
+    with session_for(database_url) as session:
+        user = _user_named(session, name)
+        limits = session.get(UserLimits, user.id)
+        if limits is None:
+            limits = UserLimits(user_id=user.id)
+            session.add(limits)
+        limits.max_running_turns = running_turns
+        limits.weight = weight
+
+
 def list_users(database_url: str) -> list[UserRow]:
     """Every user with the number of its live tokens, oldest first."""
     live = (

@@ -68,10 +68,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     set_budget.add_argument("name")
     set_budget.add_argument(
-        "--day", type=_budget, default=None, help="tokens per UTC day ('none': no budget)"
+        "--day", type=_number_or_none, default=None, help="tokens per UTC day ('none': no budget)"
     )
     set_budget.add_argument(
-        "--month", type=_budget, default=None, help="tokens per calendar month ('none': none)"
+        "--month",
+        type=_number_or_none,
+        default=None,
+        help="tokens per calendar month ('none': none)",
+    )
+    share = users_sub.add_parser(
+        "set-share", help="set a user's fair share: turns running at once and weight"
+    )
+    share.add_argument("name")
+    share.add_argument(
+        "--running-turns",
+        type=_number_or_none,
+        default=None,
+        help="turns running at once ('none': the deployment's; 0: no limit)",
+    )
+    share.add_argument(
+        "--weight", type=_number_or_none, default=None, help="share weight against other users (1)"
     )
     users_sub.add_parser("list", help="list users and how many live tokens each has")
     revoke = users_sub.add_parser("revoke", help="revoke every token of a user")
@@ -139,16 +155,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _budget(value: str) -> int | None:
-    """A budget argument: a number of tokens, or ``none``."""
+def _number_or_none(value: str) -> int | None:
+    """A number argument (tokens, turns, a weight), or ``none``."""
     if value.strip().lower() == "none":
         return None
     try:
         return int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a number of tokens or 'none', got {value!r}"
-        ) from None
+        raise argparse.ArgumentTypeError(f"expected a number or 'none', got {value!r}") from None
 
 
 def _database_url() -> str:
@@ -167,6 +181,11 @@ def _users(args: argparse.Namespace) -> int:
         day = "none" if args.day is None else args.day
         month = "none" if args.month is None else args.month
         print(f"budgets of {args.name!r}: day {day}, month {month} (tokens)")
+    elif args.users_command == "set-share":
+        admin.set_share(url, args.name, args.running_turns, args.weight)
+        running = "the deployment's" if args.running_turns is None else args.running_turns
+        weight = 1 if args.weight is None else args.weight
+        print(f"share of {args.name!r}: running turns {running}, weight {weight}")
     elif args.users_command == "token":
         print(admin.new_token(url, args.name))
     elif args.users_command == "revoke":

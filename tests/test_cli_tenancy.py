@@ -61,3 +61,28 @@ def test_admin_role_and_budgets_from_the_command_line(
     assert "no user named 'nobody'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["users", "set-budget", "alice", "--day", "lots"])
+
+
+def test_a_users_fair_share_from_the_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'share.db'}"
+    upgrade(url)
+    monkeypatch.setenv("SIGNALBOX_DATABASE_URL", url)
+    sessions = make_session_factory(make_engine(url))
+    assert main(["users", "add", "bob"]) == 0
+    capsys.readouterr()
+
+    assert main(["users", "set-share", "bob", "--running-turns", "2", "--weight", "3"]) == 0
+    assert "share of 'bob': running turns 2, weight 3" in capsys.readouterr().out
+    with sessions() as s:
+        bob = s.scalars(select(User).where(User.name == "bob")).one()
+        limits = s.get(UserLimits, bob.id)
+        assert limits is not None and (limits.max_running_turns, limits.weight) == (2, 3)
+
+    assert main(["users", "set-share", "bob", "--running-turns", "none"]) == 0
+    with sessions() as s:
+        limits = s.get(UserLimits, bob.id)
+        assert limits is not None and (limits.max_running_turns, limits.weight) == (None, None)
+    assert main(["users", "set-share", "bob", "--weight", "0"]) == 1
+    assert "expected a weight of 1 or more" in capsys.readouterr().err

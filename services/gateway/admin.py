@@ -18,6 +18,7 @@ from signalbox.services.gateway.budgets import BudgetOut, budget_out
 from signalbox.services.gateway.errors import NotFound
 from signalbox.services.gateway.quotas import QuotaName, Quotas
 from signalbox.services.gateway.routes.usage import UsageOut
+from signalbox.shared.admission import Limits, running_by_user, waiting_by_user
 from signalbox.shared.db import User, UserLimits
 from signalbox.shared.db.budgets import budget_states
 from signalbox.shared.db.usage import summarize
@@ -56,6 +57,58 @@ class QuotaChange(BaseModel):
     workspaces: int | None = Field(default=None, ge=0)
     uploads: int | None = Field(default=None, ge=0)
     upload_bytes: int | None = Field(default=None, ge=0)
+    pending_proposals: int | None = Field(default=None, ge=0)
+    workspace_bytes: int | None = Field(default=None, ge=0)
+
+
+class ShareChange(BaseModel):
+    """A user's fair share of the deployment (``shared/admission.py``)."""
+
+    # Turns running at once; null: the deployment's SIGNALBOX_MAX_RUNNING_TURNS_PER_USER;
+    # 0: no limit.
+    max_running_turns: int | None = Field(default=None, ge=0)
+    weight: int | None = Field(default=None, ge=1)  # against other users; null: 1
+
+
+class ShareReport(BaseModel):
+    """A user's share, what applies, and their turns holding or waiting for a slot now."""
+
+    user_id: str
+    max_running_turns: int | None
+    weight: int | None
+    effective_max_running_turns: int  # 0: no limit
+    running: int
+    waiting: int
+
+
+def share_report(session: Session, limits: Limits, deployment: str, user_id: str) -> ShareReport:
+    """``user_id``'s fair share on ``deployment``."""
+    _user(session, user_id)
+    own = session.get(UserLimits, user_id)
+    max_running = own.max_running_turns if own is not None else None
+    return ShareReport(
+        user_id=user_id,
+        max_running_turns=max_running,
+        weight=own.weight if own is not None else None,
+        effective_max_running_turns=limits.per_user if max_running is None else max_running,
+        running=running_by_user(session, deployment).get(user_id, 0),
+        waiting=waiting_by_user(session, deployment).get(user_id, 0),
+    )
+
+
+def set_share(
+    session: Session, limits: Limits, deployment: str, user_id: str, change: ShareChange
+) -> ShareReport:
+    """Replace ``user_id``'s share with ``change``."""
+    _user(session, user_id)
+    own = session.get(UserLimits, user_id)
+    if own is None:
+        own = UserLimits(user_id=user_id)
+        session.add(own)
+    own.max_running_turns = change.max_running_turns
+    own.weight = change.weight
+    session.flush()
+    return share_report(session, limits, deployment, user_id)
 
 
 def _user(session: Session, user_id: str) -> User:

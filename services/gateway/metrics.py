@@ -16,8 +16,9 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from signalbox.shared.db import Turn
+from signalbox.shared.db import Turn, User
 from signalbox.shared.protocol import CLIENT_FRAME_TYPES
+from signalbox.shared.statuses import TurnState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -116,6 +117,12 @@ class GatewayMetrics:
             ["user_class", "quota"],
             registry=r,
         )
+        self.turns_waiting = Gauge(
+            "signalbox_turns_waiting",
+            "Turns waiting for a slot of their user's fair share, by user class (SQL count)",
+            ["user_class"],
+            registry=r,
+        )
         self._turns = _TurnsBySql()
         r.register(self._turns)
         for transport in ("ws", "sse"):
@@ -126,10 +133,24 @@ class GatewayMetrics:
         label = frame_type if frame_type in CLIENT_FRAME_TYPES else _OTHER_FRAME
         self.frames.labels(str(label)).inc()
 
-    def refresh_turns(self, session: Session) -> None:
-        """Read the turn counts from SQL (call in a worker thread before ``render``)."""
+    def refresh_turns(self, session: Session, deployment: str) -> None:
+        """Read the turn counts from SQL (call in a worker thread before ``render``);
+        ``deployment``: the Redis prefix whose waiting turns are counted."""
         rows = session.execute(select(Turn.status, func.count()).group_by(Turn.status)).all()
         self._turns.counts = {str(status): int(count) for status, count in rows}
+        waiting = session.execute(
+            select(User.is_admin, func.count())
+            .join(User, User.id == Turn.user_id)
+            .where(
+                Turn.deployment == deployment,
+                Turn.status == TurnState.QUEUED,
+                Turn.admitted_at.is_(None),
+            )
+            .group_by(User.is_admin)
+        ).all()
+        by_class = {user_class(bool(is_admin)): int(count) for is_admin, count in waiting}
+        for label in ("admin", "user"):
+            self.turns_waiting.labels(label).set(by_class.get(label, 0))
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -1,4 +1,6 @@
-"""Per-user quotas on stored things: conversations, workspaces, uploads and their bytes.
+"""Per-user quotas on stored things: conversations, workspaces, uploads and their bytes;
+and, enforced by the proposals service but reported and set here, pending proposals and the
+bytes of the user's workspaces (``signalbox.shared.quotas``).
 
 A quota is checked in the transaction that inserts, after locking the user's row
 (``signalbox.shared.db.concurrency.lock_row``): two creations racing for the user's last slot
@@ -20,9 +22,17 @@ from signalbox.services.gateway.errors import QuotaExceeded
 from signalbox.services.gateway.metrics import GatewayMetrics, user_class
 from signalbox.shared.db import Conversation, Upload, User, UserLimits, Workspace
 from signalbox.shared.db.concurrency import lock_row
+from signalbox.shared.quotas import pending_proposals, workspace_bytes
 from signalbox.shared.settings import GatewaySettings
 
-QuotaName = Literal["conversations", "workspaces", "uploads", "upload_bytes"]
+QuotaName = Literal[
+    "conversations",
+    "workspaces",
+    "uploads",
+    "upload_bytes",
+    "pending_proposals",
+    "workspace_bytes",
+]
 QUOTA_NAMES: tuple[QuotaName, ...] = get_args(QuotaName)
 
 _UNITS: dict[QuotaName, str] = {
@@ -30,6 +40,8 @@ _UNITS: dict[QuotaName, str] = {
     "workspaces": "workspaces",
     "uploads": "uploads",
     "upload_bytes": "bytes of uploads",
+    "pending_proposals": "pending proposals",
+    "workspace_bytes": "bytes of workspaces",
 }
 
 
@@ -69,11 +81,13 @@ def _upload_bytes(session: Session, user_id: str) -> int:
     )
 
 
+# What a user holds, counted in SQL; ``workspace_bytes`` is counted on disk (usage_of).
 HELD: dict[QuotaName, Callable[[Session, str], int]] = {
     "conversations": _conversations,
     "workspaces": _workspaces,
     "uploads": _uploads,
     "upload_bytes": _upload_bytes,
+    "pending_proposals": pending_proposals,
 }
 
 
@@ -84,6 +98,8 @@ def deployment_limits(settings: GatewaySettings) -> dict[QuotaName, int]:
         "workspaces": settings.quota_workspaces,
         "uploads": settings.quota_uploads,
         "upload_bytes": settings.quota_upload_bytes,
+        "pending_proposals": settings.quota_pending_proposals,
+        "workspace_bytes": settings.quota_workspace_bytes,
     }
 
 
@@ -105,7 +121,9 @@ class Quotas:
 
     def usage_of(self, session: Session, user_id: str) -> dict[QuotaName, int]:
         """What ``user_id`` holds now, per quota."""
-        return {name: held(session, user_id) for name, held in HELD.items()}
+        held = {name: count(session, user_id) for name, count in HELD.items()}
+        held["workspace_bytes"] = workspace_bytes(self.settings.workspaces_root, user_id)
+        return held
 
     def reserve(self, session: Session, user_id: str, name: QuotaName, adding: int = 1) -> None:
         """Refuse (``QuotaExceeded``) unless ``user_id`` may hold ``adding`` more of ``name``;

@@ -24,6 +24,7 @@ from signalbox.services.gateway.metrics import GatewayMetrics
 from signalbox.services.gateway.quotas import Quotas
 from signalbox.services.gateway.rate_limit import RateLimits
 from signalbox.services.gateway.relay import RELAY_SOCKET_TIMEOUT_S, RelayHub
+from signalbox.shared.admission import Limits, admit
 from signalbox.shared.celery_app import ORCHESTRATOR_QUEUE, RUN_TURN_TASK, make_celery
 from signalbox.shared.db import make_engine, make_session_factory
 from signalbox.shared.event_stream import AsyncEventStream
@@ -131,6 +132,16 @@ class Gateway:
             self.celery.send_task(RUN_TURN_TASK, args=[turn_id], queue=ORCHESTRATOR_QUEUE)
 
         await anyio.to_thread.run_sync(send)
+
+    async def admit_waiting_turns(self) -> list[str]:
+        """An admission pass (``shared/admission.py``), then ``run_turn`` for each turn it
+        admitted (any user's: a slot may have been waiting for a turn of someone else)."""
+        limits = Limits.of(self.settings)
+        prefix = self.settings.redis_prefix
+        admitted = await self.db(lambda session: admit(session, limits, prefix))
+        for turn_id in admitted:
+            await self.enqueue_turn(turn_id)
+        return admitted
 
     def internal_headers(self, user_id: str) -> dict[str, str]:
         """Headers of an internal call to another service on behalf of ``user_id``."""

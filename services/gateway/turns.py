@@ -187,8 +187,10 @@ async def _stored(
         inserted = insert(session)
         user = session.get(User, user_id)
         inserted.user_class = user_class(bool(user and user.is_admin))
-        if inserted.created and attached:
-            inserted.turn.attachments = [a.upload_id for a in attached]
+        if inserted.created:
+            inserted.turn.deployment = gateway.settings.redis_prefix  # whose queues run it
+            if attached:
+                inserted.turn.attachments = [a.upload_id for a in attached]
         return inserted, attached
 
     return await gateway.db(run)
@@ -257,11 +259,13 @@ async def submit_turn(
     event_id = await gateway.events.append(conv_id, "turn_queued", queued, turn.id)
     gateway.metrics.turns_queued.labels(inserted.user_class).inc()
     try:
-        await gateway.enqueue_turn(turn.id)
+        # Started now if its user's fair share allows (shared/admission.py); otherwise it
+        # waits in SQL, holding nothing, until a slot frees.
+        await gateway.admit_waiting_turns()
     except Exception as exc:
-        # The turn stays queued in SQL; the orchestrator picks up queued turns of a
-        # conversation when the one before ends, so a retry of the send is not needed.
-        log.error("could not enqueue turn %s: %s", turn.id, exc)
+        # The turn stays queued in SQL; every orchestrator's reconciler admits waiting turns
+        # on each sweep, so a retry of the send is not needed.
+        log.error("could not admit or enqueue turn %s: %s", turn.id, exc)
         raise Unavailable(f"turn {turn.id!r} is stored but could not be enqueued: {exc}") from exc
     return SubmittedTurn(
         conv_id,
@@ -291,6 +295,13 @@ async def cancel_turn(gateway: Gateway, user_id: str, turn_id: str) -> dict[str,
     conversation_id, status = await gateway.db(mark)
     if status in UNFINISHED:
         await publish_cancel(gateway, turn_id)
+    if status == TurnState.QUEUED:
+        # A turn still waiting for a slot has no runner either: admission lets a cancelled
+        # turn through at once, and its run ends it.
+        try:
+            await gateway.admit_waiting_turns()
+        except Exception as exc:
+            log.warning("could not admit cancelled queued turn %s: %s", turn_id, exc)
     if status == TurnState.PARKED:
         # A parked turn has no runner to hear the pub/sub cancel; a delivery makes one finish
         # it now rather than at the orchestrator's next reconcile (run_turn holds a lease, so

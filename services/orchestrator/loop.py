@@ -3,7 +3,8 @@
 A delivery decides whether it may run the turn at all (it exists, is not a spawn_agent
 child, every earlier turn of its conversation has finished, nobody else holds its lease,
 it has not killed its worker too often), runs one pass of the state machine under the
-lease, and then hands the conversation on: a finished turn enqueues the next queued one.
+lease, and then hands its slot on: a turn that finished or parked runs an admission pass
+(``shared/admission.py``), which starts the waiting turns whose user's fair share allows.
 
 Where the rest of a turn lives, in the order a turn meets it:
 
@@ -40,7 +41,8 @@ def run_turn(rt: Runtime, turn_id: str) -> str:
     Outcomes: a finished status (``completed``, ``cancelled``, ``failed``, ``step_limit``),
     ``parked`` (waiting for a human or a client), or why nothing ran: ``missing``,
     ``finished``, ``child`` (a spawn_agent child turn: its parent runs it), ``waiting`` (an
-    earlier turn of the conversation is unfinished), ``leased`` (another runner has it),
+    earlier turn of the conversation is unfinished), ``not_admitted`` (its user's fair share
+    of slots is taken: ``shared/admission.py``), ``leased`` (another runner has it),
     ``lease_lost``, ``redis_unavailable`` (left as SQL has it, for the reconciler to resume).
     A run whose turn kept killing its worker fails it instead (``deliveries.py``).
     """
@@ -51,7 +53,7 @@ def run_turn(rt: Runtime, turn_id: str) -> str:
     if info.parent_call_id is not None:
         return "child"  # a spawn_agent child runs inside its parent's run, never alone
     if info.status in FINISHED_TURN_STATUSES:
-        _start_next(rt, info.conversation_id)  # in case the runner died before doing it
+        _admit_next(rt)  # in case the runner died before doing it
         return "finished"
     earlier = store.earlier_unfinished_turns(rt.sessions, info)
     if earlier:
@@ -60,7 +62,11 @@ def run_turn(rt: Runtime, turn_id: str) -> str:
             # listening for its cancel: wake it, so it ends and enqueues this one.
             if store.ready_to_continue(rt.sessions, turn_id_before):
                 rt.enqueue_turn(turn_id_before)
-        return "waiting"  # the earlier turn enqueues this one when it ends
+        return "waiting"  # the earlier turn's end lets admission start this one
+    if not info.admitted and turn_id not in rt.admit_waiting_turns(running_here=turn_id):
+        # Sent before admission gave it a slot (a scheduler tick, a message from before an
+        # upgrade): it waits in SQL for its user's fair share, holding no worker thread.
+        return "not_admitted"
     lease = TurnLease(rt.redis, rt.keys.turn_lease(turn_id), rt.settings.lease_s)
     try:
         if not lease.acquire():
@@ -81,11 +87,13 @@ def run_turn(rt: Runtime, turn_id: str) -> str:
     if outcome in NOT_RUN:
         return outcome
     if outcome in FINISHED_TURN_STATUSES:
-        _start_next(rt, info.conversation_id)
-    elif outcome == "parked" and store.ready_to_continue(rt.sessions, turn_id):
-        # An answer (or cancel) came while this runner still held the lease: the delivery it
-        # enqueued found the lease taken and returned, so nobody else will wake the turn.
-        rt.enqueue_turn(turn_id)
+        _admit_next(rt)
+    elif outcome == "parked":
+        if store.ready_to_continue(rt.sessions, turn_id):
+            # An answer (or cancel) came while this runner still held the lease: the delivery
+            # it enqueued found the lease taken and returned, so nobody else will wake it.
+            rt.enqueue_turn(turn_id)
+        _admit_next(rt)  # a parked turn holds no slot
     return outcome
 
 
@@ -121,11 +129,11 @@ def _give_up(rt: Runtime, info: TurnInfo, lease: TurnLease, started: int) -> str
     with lease:
         runner = TurnRunner(rt, info, lease, CancelWatch(rt.redis, rt.keys.control_channel, ""))
         outcome = runner.finish("failed", error=error)
-    _start_next(rt, info.conversation_id)
+    _admit_next(rt)
     return outcome
 
 
-def _start_next(rt: Runtime, conversation_id: str) -> None:
-    following = store.next_queued_turn(rt.sessions, conversation_id)
-    if following is not None:
-        rt.enqueue_turn(following)
+def _admit_next(rt: Runtime) -> None:
+    """A slot freed (a turn finished or parked): admit what may start now, the
+    conversation's next turn among them if its user's share allows."""
+    rt.admit_waiting_turns()

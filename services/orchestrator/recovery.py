@@ -92,16 +92,18 @@ def stale_queued_turns(
     stale_s: float,
     adopt: bool = False,
 ) -> list[str]:
-    """Queued turns next in line in their conversation, queued longer than ``stale_s``.
+    """Admitted queued turns next in line in their conversation, admitted longer than
+    ``stale_s`` ago (a turn still waiting for a slot has no message: admission sends it).
 
-    Their message may be gone (Redis lost it, or its delivery failed on a Redis error).
+    Their message may be gone (Redis lost it, its delivery failed on a Redis error, or the
+    process that admitted them died before sending it).
     At most one re-enqueue per turn per ``stale_s`` across all orchestrators, so a long
     backlog is not flooded with duplicates; ``adopt`` (after a data loss) skips both waits.
     """
     cutoff = utcnow() - timedelta(seconds=stale_s)
     with sessions() as s:
         rows = s.execute(
-            select(Turn.id, Turn.conversation_id, Turn.status, Turn.created_at)
+            select(Turn.id, Turn.conversation_id, Turn.status, Turn.admitted_at)
             .where(
                 Turn.status.not_in(FINISHED_TURN_STATUSES),
                 Turn.parent_call_id.is_(None),
@@ -109,12 +111,14 @@ def stale_queued_turns(
             .order_by(Turn.conversation_id, Turn.seq)
         ).all()
     heads: dict[str, tuple[str, str, Any]] = {}
-    for turn_id, conversation_id, status, created_at in rows:
-        heads.setdefault(conversation_id, (turn_id, status, created_at))
+    for turn_id, conversation_id, status, admitted_at in rows:
+        heads.setdefault(conversation_id, (turn_id, status, admitted_at))
     candidates = [
         (turn_id, conversation_id)
-        for conversation_id, (turn_id, status, created_at) in heads.items()
-        if status == "queued" and (adopt or as_utc(created_at) <= cutoff)
+        for conversation_id, (turn_id, status, admitted_at) in heads.items()
+        if status == "queued"
+        and admitted_at is not None
+        and (adopt or as_utc(admitted_at) <= cutoff)
     ]
     ttl_ms = max(1, int(stale_s * 1000))
     found = []
@@ -144,6 +148,7 @@ class Reconciler:
         enqueue_turn: Callable[[str], object],
         interval_s: float,
         stale_queued_s: float | None = None,
+        admit: Callable[[], list[str]] | None = None,
     ) -> None:
         self.sessions = sessions
         self.client = client
@@ -152,6 +157,7 @@ class Reconciler:
         self.interval_s = interval_s
         # Longer than a turn normally waits in the queue for a free orchestrator.
         self.stale_queued_s = stale_queued_s if stale_queued_s is not None else 4 * interval_s
+        self.admit = admit  # an admission pass that enqueues what it admits
         self.epoch: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="turn-reconciler", daemon=True)
@@ -175,7 +181,12 @@ class Reconciler:
         for turn_id in queued:
             log.warning("queued turn %s may have lost its message; enqueueing it again", turn_id)
             self.enqueue_turn(turn_id)
-        return found + woken + queued
+        # A slot freed by a process that died before its admission pass, a turn stored by a
+        # gateway that died before its pass: nothing else would start them.
+        admitted = self.admit() if self.admit is not None else []
+        for turn_id in admitted:
+            log.info("admitted waiting turn %s", turn_id)
+        return found + woken + queued + admitted
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

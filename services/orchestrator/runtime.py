@@ -17,6 +17,7 @@ from signalbox.services.orchestrator.policy import ToolPolicy
 from signalbox.services.orchestrator.pricing import PriceTable
 from signalbox.services.orchestrator.store import Sessions, utcnow
 from signalbox.services.orchestrator.token_count import TokenCounter
+from signalbox.shared.admission import Limits, admit
 from signalbox.shared.event_stream import EventStream
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import OrchestratorSettings
@@ -57,6 +58,17 @@ class Runtime:
     def events(self) -> EventStream:
         """The conversations' event streams."""
         return EventStream(self.redis, self.keys)
+
+    def admit_waiting_turns(self, running_here: str | None = None) -> list[str]:
+        """An admission pass (``shared/admission.py``); enqueues every turn it admitted but
+        ``running_here`` (the caller's own delivery runs that one) and returns their ids."""
+        limits = Limits.of(self.settings)
+        with self.sessions() as s, s.begin():
+            admitted = admit(s, limits, self.settings.redis_prefix, running_here)
+        for turn_id in admitted:
+            if turn_id != running_here:
+                self.enqueue_turn(turn_id)
+        return admitted
 
     def catalogue(self) -> dict[str, ToolSpec]:
         """The tools live workers serve right now."""

@@ -70,6 +70,8 @@ class TurnInfo:
     # The agent version the conversation is bound to (its stored config, shared/agents.py);
     # None: the deployment's default agent.
     agent: BoundAgent | None = None
+    # Admission gave it a slot (shared/admission.py); a queued turn without one waits.
+    admitted: bool = True
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,7 @@ def load_turn(sessions: Sessions, turn_id: str) -> TurnInfo | None:
             tuple(t for t in turn.client_tools or () if isinstance(t, dict)),
             turn.parent_call_id,
             bound,
+            admitted=turn.admitted_at is not None or turn.status != TurnState.QUEUED,
         )
 
 
@@ -146,21 +149,6 @@ def earlier_unfinished_turns(sessions: Sessions, info: TurnInfo) -> list[str]:
                 )
                 .order_by(Turn.seq)
             )
-        )
-
-
-def next_queued_turn(sessions: Sessions, conversation_id: str) -> str | None:
-    """The first queued turn of the conversation, if any."""
-    with sessions() as s:
-        return s.scalar(
-            select(Turn.id)
-            .where(
-                Turn.conversation_id == conversation_id,
-                Turn.status == TurnState.QUEUED,
-                Turn.parent_call_id.is_(None),
-            )
-            .order_by(Turn.seq)
-            .limit(1)
         )
 
 

@@ -95,7 +95,14 @@ def _start_background(**_: Any) -> None:
     global _reconciler
     rt = runtime()
     # Sweeping once per lease period: an orphan's lease has expired by then at the latest.
-    _reconciler = Reconciler(rt.sessions, rt.redis, rt.keys, rt.enqueue_turn, settings.lease_s)
+    _reconciler = Reconciler(
+        rt.sessions,
+        rt.redis,
+        rt.keys,
+        rt.enqueue_turn,
+        settings.lease_s,
+        admit=rt.admit_waiting_turns,
+    )
     _reconciler.start()
     if rt.approvals is not None:
         rt.approvals.start()
@@ -138,5 +145,6 @@ def _record_failure(rt: Runtime, turn_id: str) -> None:
             rt.events.append(
                 info.conversation_id, "turn_finished", finished.model_dump(mode="json"), turn_id
             )
+        rt.admit_waiting_turns()  # its slot is free
     except Exception:
         log.exception("could not record turn %s as failed", turn_id)

@@ -36,3 +36,12 @@ class Conflict(ProposalError):
     """The workspace or the proposal's status does not allow what was asked."""
 
     status_code = 409
+
+
+class QuotaExceeded(ProposalError):
+    """The user holds as many pending proposals (or workspace bytes) as allowed."""
+
+    status_code = 403
+
+    def __init__(self, detail: str, quota: str) -> None:
+        super().__init__(detail, code="quota_exceeded", quota=quota)

@@ -8,7 +8,7 @@ from typing import get_args
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from signalbox.services.proposals import outbox
+from signalbox.services.proposals import outbox, quotas
 from signalbox.services.proposals.apply import PathRefused, read_current, resolve, sha256_bytes
 from signalbox.services.proposals.context import ServiceContext
 from signalbox.services.proposals.diffs import unified_diff
@@ -181,6 +181,13 @@ def _refuse_if_cancelled(session: Session, turn_id: str | None) -> None:
         turn_id = session.scalar(select(ToolCall.turn_id).where(ToolCall.id == turn.parent_call_id))
 
 
+def _added_bytes(files: list[ProposalFile]) -> int:
+    """What writing ``files`` adds to the workspace, in bytes (negative: it shrinks)."""
+    after = sum(len(f.after.encode()) for f in files if f.after is not None)
+    before = sum(len(f.before.encode()) for f in files if f.before is not None)
+    return after - before
+
+
 def create(
     ctx: ServiceContext, request: CreateProposal, reverts: list[str] | None = None
 ) -> Proposal:
@@ -204,6 +211,8 @@ def create(
                 found = load(session, existing)
                 assert found is not None
                 return found
+        files = _file_rows(ctx, request, conv)
+        quotas.reserve(session, ctx.settings, conv.user_id, _added_bytes(files))
         proposal = Proposal(
             id=new_id("prop"),
             user_id=conv.user_id,
@@ -215,7 +224,7 @@ def create(
             status="pending",
             version=1,
             reverts=reverts,
-            files=_file_rows(ctx, request, conv),
+            files=files,
         )
         session.add(proposal)
         session.flush()

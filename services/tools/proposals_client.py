@@ -74,7 +74,7 @@ def propose(ctx: ToolContext, summary: str, files: list[FileChange]) -> ToolOutp
         raise ToolError(
             f"the file changed since it was read; read it again and retry: {_detail(response)}"
         )
-    if response.status_code in (404, 422):  # 404: not the user's conversation or workspace
+    if response.status_code in (403, 404, 422):  # 403: a quota; 404: not the user's own
         raise ToolError(f"the proposal was refused: {_detail(response)}")
     if response.status_code != 201:
         raise ToolError(

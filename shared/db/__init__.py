@@ -20,10 +20,11 @@ from signalbox.shared.db.models import (
 from signalbox.shared.db.plans import PlanStep
 from signalbox.shared.db.schedules import Alarm, Schedule, ScheduleRun
 from signalbox.shared.db.session import make_engine, make_session_factory
-from signalbox.shared.db.tenancy import BudgetWarning, UserLimits
+from signalbox.shared.db.tenancy import AdmissionLock, BudgetWarning, UserLimits
 from signalbox.shared.db.webhooks import Webhook, WebhookDelivery
 
 __all__ = [
+    "AdmissionLock",
     "Agent",
     "AgentVersion",
     "Alarm",

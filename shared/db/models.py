@@ -12,6 +12,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     LargeBinary,
     String,
@@ -130,7 +131,10 @@ class Turn(Base):
     """
 
     __tablename__ = "turns"
-    __table_args__ = (UniqueConstraint("conversation_id", "client_turn_id"),)
+    __table_args__ = (
+        UniqueConstraint("conversation_id", "client_turn_id"),
+        Index("ix_turns_waiting", "deployment", "status", "admitted_at"),
+    )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     conversation_id: Mapped[str] = mapped_column(ForeignKey("conversations.id"), index=True)
@@ -152,6 +156,13 @@ class Turn(Base):
     created_at: Mapped[datetime] = mapped_column(default=now)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    # When admission (shared/admission.py) gave the queued turn a slot; null while it waits
+    # for its user's fair share. Only an admitted turn starts.
+    admitted_at: Mapped[datetime | None] = mapped_column(default=None)
+    # The deployment (its Redis prefix) whose queues run the turn: deployments that share a
+    # database admit only their own turns. Set by the gateway that stores the turn, or by
+    # the first delivery of a turn stored without one (a scheduler tick).
+    deployment: Mapped[str | None] = mapped_column(String(100), default=None)
     # started_at + the agent's turn_timeout_s, set when the turn starts: past it the turn
     # ends timed_out. In SQL so a parked turn is woken by it like by a decision's expiry.
     deadline_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -29,6 +29,10 @@ class UserLimits(Base):
     month_tokens: Mapped[int | None] = mapped_column(Integer, default=None)
     # Quota name -> limit, over the deployment's SIGNALBOX_QUOTA_* (services/gateway/quotas.py).
     quotas: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    # Fair scheduling (shared/admission.py): turns running at once (null: the deployment's
+    # SIGNALBOX_MAX_RUNNING_TURNS_PER_USER) and the user's share weight (null: 1).
+    max_running_turns: Mapped[int | None] = mapped_column(Integer, default=None)
+    weight: Mapped[int | None] = mapped_column(Integer, default=None)
     updated_at: Mapped[datetime] = mapped_column(default=now, onupdate=now)
 
 
@@ -42,3 +46,13 @@ class BudgetWarning(Base):
     period: Mapped[str] = mapped_column(String(8), primary_key=True)  # day | month
     period_start: Mapped[datetime] = mapped_column(primary_key=True)
     created_at: Mapped[datetime] = mapped_column(default=now)
+
+
+class AdmissionLock(Base):
+    """One row every admission pass updates first: passes of every gateway, orchestrator and
+    scheduler serialise on it (PostgreSQL: its row lock; SQLite: the write lock)."""
+
+    __tablename__ = "admission_lock"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    passes: Mapped[int] = mapped_column(Integer, default=0)

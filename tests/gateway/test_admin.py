@@ -96,3 +96,36 @@ def test_a_user_sees_only_their_own_budget_and_quotas(
         reply = http.get(path, params={"user_id": "user_someone_else"})
     assert reply.status_code == 200
     assert reply.json()["user_id"] == user_id
+
+
+def test_an_admin_sets_a_users_fair_share(
+    gateway: LiveGateway,
+    make_user: Callable[[], tuple[str, str]],
+    db_sessions: sessionmaker[Session],
+) -> None:
+    admin_id, admin_token = make_user()
+    _make_admin(db_sessions, admin_id)
+    user_id, _token = make_user()
+    with httpx.Client(base_url=gateway.url, headers=bearer(admin_token)) as http:
+        before = http.get(f"/api/admin/users/{user_id}/share")
+        assert before.status_code == 200, before.text
+        assert before.json()["max_running_turns"] is None
+        assert before.json()["effective_max_running_turns"] == 4  # the deployment's default
+        changed = http.put(
+            f"/api/admin/users/{user_id}/share", json={"max_running_turns": 1, "weight": 3}
+        )
+        assert changed.status_code == 200, changed.text
+        assert changed.json() == {
+            "user_id": user_id,
+            "max_running_turns": 1,
+            "weight": 3,
+            "effective_max_running_turns": 1,
+            "running": 0,
+            "waiting": 0,
+        }
+        bad = http.put(f"/api/admin/users/{user_id}/share", json={"weight": 0})
+        assert bad.status_code == 422
+        assert http.get("/api/admin/users/user_nobody/share").status_code == 404
+    with db_sessions() as s:
+        limits = s.get(UserLimits, user_id)
+        assert limits is not None and (limits.max_running_turns, limits.weight) == (1, 3)

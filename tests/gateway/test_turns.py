@@ -93,8 +93,11 @@ async def test_client_turn_id_makes_the_send_idempotent(
             select(Turn).where(Turn.conversation_id == a["conversation_id"]).order_by(Turn.seq)
         ).all()
     assert [(t.id, t.seq) for t in turns] == [(a["turn_id"], 1), (c["turn_id"], 2)]
+    # One message, for the first turn: the second waits in SQL (not admitted) until the
+    # first ends, holding no message and no worker thread.
+    assert [t.admitted_at is not None for t in turns] == [True, False]
     tasks = queued_turn_tasks(redis_client, gateway.keys)
-    assert [args for _, args in tasks] == [[a["turn_id"]], [c["turn_id"]]]
+    assert [args for _, args in tasks] == [[a["turn_id"]]]
 
 
 async def test_next_turn_on_a_new_socket_starts_at_its_turn_queued(

@@ -156,9 +156,15 @@ def make_conversation(sessions: sessionmaker[Session], user_id: str) -> str:
 
 
 def make_turn(
-    sessions: sessionmaker[Session], conversation_id: str, user_id: str, text: str, seq: int
+    sessions: sessionmaker[Session],
+    conversation_id: str,
+    user_id: str,
+    text: str,
+    seq: int,
+    deployment: str | None = None,
 ) -> str:
-    """A queued turn row, as the gateway stores it."""
+    """A queued turn row, as the gateway stores it (``deployment``: its Redis prefix; None:
+    adopted by the deployment whose queue first delivers it)."""
     with sessions() as s, s.begin():
         turn = Turn(
             id=new_id("turn"),
@@ -167,6 +173,7 @@ def make_turn(
             seq=seq,
             text=text,
             status="queued",
+            deployment=deployment,
         )
         s.add(turn)
     return turn.id
@@ -206,7 +213,8 @@ class Harness:
         self, text: str, seq: int = 1, client_tools: list[dict[str, object]] | None = None
     ) -> str:
         """A queued turn in the harness conversation."""
-        turn_id = make_turn(self.sessions, self.conversation_id, self.user_id, text, seq)
+        prefix = self.runtime.settings.redis_prefix
+        turn_id = make_turn(self.sessions, self.conversation_id, self.user_id, text, seq, prefix)
         if client_tools is not None:
             with self.sessions() as s, s.begin():
                 turn = s.get(Turn, turn_id)

@@ -112,11 +112,20 @@ def test_a_stale_queued_turn_is_enqueued_again_once_per_period(harness: Harness)
     rt.events.append(h.conversation_id, "turn_queued", {"text": "lost message"}, turn_id)
     enqueued: list[str] = []
     reconciler = Reconciler(h.sessions, rt.redis, rt.keys, enqueued.append, 60, 30)
-    assert turn_id not in reconciler.sweep(), "queued a moment ago: its message is on its way"
     with h.sessions() as s, s.begin():
         row = s.get(Turn, turn_id)
         assert row is not None
         row.created_at = utcnow() - timedelta(seconds=60)
+    assert turn_id not in reconciler.sweep(), "not admitted: it has no message to lose"
+    with h.sessions() as s, s.begin():
+        row = s.get(Turn, turn_id)
+        assert row is not None
+        row.admitted_at = utcnow()
+    assert turn_id not in reconciler.sweep(), "admitted a moment ago: its message is on its way"
+    with h.sessions() as s, s.begin():
+        row = s.get(Turn, turn_id)
+        assert row is not None
+        row.admitted_at = utcnow() - timedelta(seconds=60)
 
     assert turn_id in reconciler.sweep()
     assert turn_id not in reconciler.sweep(), "one re-enqueue per period"
@@ -124,3 +133,20 @@ def test_a_stale_queued_turn_is_enqueued_again_once_per_period(harness: Harness)
         row = s.get(Turn, turn_id)
         assert row is not None
         row.status = "failed"
+
+
+def test_the_reconciler_admits_a_turn_whose_admission_was_lost(harness: Harness) -> None:
+    """A gateway that stored a turn and died before its admission pass (or an orchestrator
+    that freed a slot and died before its pass): the next sweep admits and enqueues it."""
+    h = harness
+    rt = h.runtime
+    h.model.steps = [say("Done.")]
+    turn_id = h.turn("stored, never admitted")
+    enqueued: list[str] = []
+    rt.enqueue_turn = enqueued.append
+    reconciler = Reconciler(
+        h.sessions, rt.redis, rt.keys, enqueued.append, 60, admit=rt.admit_waiting_turns
+    )
+    assert turn_id in reconciler.sweep()
+    assert enqueued == [turn_id]
+    assert h.run(turn_id) == "completed"

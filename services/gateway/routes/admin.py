@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from signalbox.services.gateway import admin
 from signalbox.services.gateway.budgets import BudgetReport, budget_report, set_budget
 from signalbox.services.gateway.deps import GatewayDep, IdPath, admin_user
+from signalbox.shared.admission import Limits
 from signalbox.shared.gateway_api import GatewayErrorBody
 
 _REFUSED: dict[int | str, dict[str, Any]] = {
@@ -77,6 +78,24 @@ async def put_quotas(
 ) -> admin.QuotaReport:
     """Set a user's own quotas (fields left out: the deployment's)."""
     return await gateway.db(lambda s: admin.set_quotas(s, gateway.quotas, user_id, body))
+
+
+@router.get("/users/{user_id}/share", response_model=admin.ShareReport)
+async def get_share(user_id: IdPath, gateway: GatewayDep) -> admin.ShareReport:
+    """A user's fair share of the deployment and their running and waiting turns."""
+    limits, prefix = Limits.of(gateway.settings), gateway.settings.redis_prefix
+    return await gateway.db(lambda s: admin.share_report(s, limits, prefix, user_id))
+
+
+@router.put("/users/{user_id}/share", response_model=admin.ShareReport)
+async def put_share(
+    user_id: IdPath, body: admin.ShareChange, gateway: GatewayDep
+) -> admin.ShareReport:
+    """Set a user's turns running at once and weight (null: the deployment's, 1)."""
+    limits, prefix = Limits.of(gateway.settings), gateway.settings.redis_prefix
+    report = await gateway.db(lambda s: admin.set_share(s, limits, prefix, user_id, body))
+    await gateway.admit_waiting_turns()  # a raised limit may let waiting turns start now
+    return report
 
 
 @router.post("/users/{user_id}/revoke-tokens", response_model=TokensRevoked)

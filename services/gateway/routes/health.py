@@ -50,7 +50,8 @@ async def readyz(gateway: GatewayDep) -> JSONResponse:
 async def metrics(gateway: GatewayDep) -> Response:
     """Prometheus text format; turn counts are read from SQL at each scrape."""
     try:
-        await gateway.db(gateway.metrics.refresh_turns)
+        prefix = gateway.settings.redis_prefix
+        await gateway.db(lambda s: gateway.metrics.refresh_turns(s, prefix))
     except Exception as exc:
         # A scrape during an SQL outage still reports the process's own metrics.
         log.warning("metrics: turn counts unavailable: %r", exc)

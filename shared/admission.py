@@ -1,0 +1,236 @@
+"""Fair admission of queued turns: which waiting turns may start now, across all users.
+
+A new turn is stored ``queued`` with no ``admitted_at``: it waits in SQL, holding no Celery
+message, no worker thread and no slot. An *admission pass* gives free slots to waiting
+turns and returns their ids; only then does anyone send ``orchestrator.run_turn`` for them.
+A slot is held by an admitted turn that is queued or running; a parked turn (waiting on a
+human or a client) holds none, and neither does a finished one.
+
+Who may start, in one pass:
+
+- only the head of its conversation (no earlier unfinished turn): a turn behind another
+  would hold a slot doing nothing;
+- within its user's limit of running turns (``user_limits.max_running_turns`` over the
+  deployment's ``max_running_turns_per_user``) and the deployment's ``max_running_turns``;
+- slots go one at a time to the user with the fewest running turns per unit of weight
+  (``user_limits.weight``, 1 by default), ties to the user whose waiting turn is oldest: a
+  weighted round-robin over the users who wait, in which a user with 200 turns queued gets
+  their share and no more, and each user's own turns start in the order they were sent;
+- a waiting head whose cancel was asked is admitted at once, outside every limit: its run
+  only ends it.
+
+Passes run wherever a slot may have freed or a turn arrived (a gateway storing a turn, an
+orchestrator finishing or parking one, a delivery of a turn not yet admitted, and every
+reconciler sweep, which mends a wake-up lost to a crash). They serialise on the one row
+of ``admission_lock``, so any number of gateways and orchestrators on any number of
+machines share one schedule with no scheduler process of its own: SQL is the queue.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, exists, func, select, update
+from sqlalchemy.orm import Session, aliased
+
+from signalbox.shared.db import AdmissionLock, Turn, UserLimits
+from signalbox.shared.db.models import as_utc, now
+from signalbox.shared.settings import CommonSettings
+from signalbox.shared.statuses import UNFINISHED_TURNS, TurnState
+
+# The statuses of an admitted turn that holds a slot.
+HOLDS_SLOT = (TurnState.QUEUED, TurnState.RUNNING)
+# Waiting heads read per user per pass when nothing else bounds it.
+MAX_HEADS_PER_USER = 1000
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The deployment's limits; 0 means none."""
+
+    per_user: int
+    deployment: int
+
+    @classmethod
+    def of(cls, settings: CommonSettings) -> Limits:
+        """The limits a service's settings give."""
+        return cls(settings.max_running_turns_per_user, settings.max_running_turns)
+
+
+@dataclass
+class _User:
+    limit: int  # 0: none
+    weight: int
+    running: int = 0
+    waiting: deque[tuple[str, datetime]] | None = None
+
+    def may_start(self) -> bool:
+        return bool(self.waiting) and (self.limit == 0 or self.running < self.limit)
+
+    def share(self) -> tuple[float, datetime]:
+        assert self.waiting
+        return self.running / self.weight, self.waiting[0][1]
+
+
+def _lock(session: Session) -> None:
+    """Hold the admission lock until the transaction ends (created on first use, for a
+    database made by ``create_all`` rather than the migrations)."""
+    take = update(AdmissionLock).where(AdmissionLock.id == 1)
+    result: Any = session.execute(take.values(passes=AdmissionLock.passes + 1))
+    if not result.rowcount:
+        from signalbox.shared.db.concurrency import insert_or_get
+
+        insert_or_get(session, AdmissionLock, {"id": 1, "passes": 0}, ["id"])
+        session.execute(take.values(passes=AdmissionLock.passes + 1))
+
+
+def running_by_user(session: Session, deployment: str) -> dict[str, int]:
+    """``deployment``'s turns holding a slot, by user."""
+    rows = session.execute(
+        select(Turn.user_id, func.count())
+        .where(
+            Turn.deployment == deployment,
+            Turn.admitted_at.is_not(None),
+            Turn.status.in_(HOLDS_SLOT),
+            Turn.parent_call_id.is_(None),
+        )
+        .group_by(Turn.user_id)
+    )
+    return {user_id: int(count) for user_id, count in rows}
+
+
+def _waiting_heads(
+    session: Session, deployment: str, per_user: int
+) -> list[tuple[str, str, datetime, bool]]:
+    """(turn, user, created, cancel asked) of ``deployment``'s turns that wait and lead their
+    conversation, at most ``per_user`` per user, each user's oldest first."""
+    earlier = aliased(Turn)
+    ahead = exists().where(
+        earlier.conversation_id == Turn.conversation_id,
+        earlier.seq < Turn.seq,
+        earlier.status.in_(UNFINISHED_TURNS),
+        earlier.parent_call_id.is_(None),
+    )
+    rank = (
+        func.row_number()
+        .over(partition_by=Turn.user_id, order_by=(Turn.created_at, Turn.id))
+        .label("rank")
+    )
+    heads = (
+        select(Turn.id, Turn.user_id, Turn.created_at, Turn.cancel_requested, rank)
+        .where(
+            Turn.deployment == deployment,
+            Turn.status == TurnState.QUEUED,
+            Turn.admitted_at.is_(None),
+            Turn.parent_call_id.is_(None),
+            ~ahead,
+        )
+        .subquery()
+    )
+    rows = session.execute(
+        select(heads.c.id, heads.c.user_id, heads.c.created_at, heads.c.cancel_requested)
+        .where(heads.c.rank <= per_user)
+        .order_by(heads.c.created_at, heads.c.id)
+    )
+    return [(t, u, as_utc(c), bool(x)) for t, u, c, x in rows]
+
+
+def _own_limits(session: Session, user_ids: Iterable[str]) -> dict[str, tuple[int | None, int]]:
+    rows = session.execute(
+        select(UserLimits.user_id, UserLimits.max_running_turns, UserLimits.weight).where(
+            UserLimits.user_id.in_(list(user_ids))
+        )
+    )
+    return {u: (limit, max(1, weight or 1)) for u, limit, weight in rows}
+
+
+def _heads_per_user(session: Session, limits: Limits) -> int:
+    """How many waiting turns of one user a pass can admit at most."""
+    if limits.deployment:
+        return limits.deployment
+    if limits.per_user:
+        own = select(func.min(UserLimits.max_running_turns), func.max(UserLimits.max_running_turns))
+        lowest, highest = session.execute(own).one()
+        if lowest == 0:
+            return MAX_HEADS_PER_USER  # someone has no limit of their own
+        return max(limits.per_user, highest or 0)
+    return MAX_HEADS_PER_USER
+
+
+def admit(
+    session: Session, limits: Limits, deployment: str, delivered: str | None = None
+) -> list[str]:
+    """One admission pass over ``deployment``'s waiting turns, in ``session``'s transaction:
+    mark the turns that may start now admitted and return their ids, in the order they were
+    chosen. The caller commits, then sends ``run_turn`` for each (a turn admitted but never
+    sent is found by the reconciler's next sweep).
+
+    ``delivered``: a turn whose ``run_turn`` came before its admission; one stored without a
+    deployment (a scheduler tick) becomes ``deployment``'s, whose queue delivered it.
+    """
+    _lock(session)
+    if delivered is not None:
+        session.execute(
+            update(Turn)
+            .where(Turn.id == delivered, Turn.deployment.is_(None))
+            .values(deployment=deployment)
+        )
+    running = running_by_user(session, deployment)
+    total = sum(running.values())
+    heads = _waiting_heads(session, deployment, _heads_per_user(session, limits))
+    if not heads:
+        return []
+    own = _own_limits(session, {user_id for _t, user_id, _c, _x in heads})
+    users: dict[str, _User] = {}
+    chosen: list[str] = []
+    for turn_id, user_id, created_at, cancelled in heads:
+        if cancelled:
+            chosen.append(turn_id)  # its run ends it: no slot, no wait
+            continue
+        user = users.get(user_id)
+        if user is None:
+            limit, weight = own.get(user_id, (None, 1))
+            user = users[user_id] = _User(
+                limit=limits.per_user if limit is None else limit,
+                weight=weight,
+                running=running.get(user_id, 0),
+                waiting=deque(),
+            )
+        assert user.waiting is not None
+        user.waiting.append((turn_id, created_at))
+    while not limits.deployment or total < limits.deployment:
+        eligible = [u for u in users.values() if u.may_start()]
+        if not eligible:
+            break
+        user = min(eligible, key=_User.share)
+        assert user.waiting
+        turn_id, _created = user.waiting.popleft()
+        user.running += 1
+        total += 1
+        chosen.append(turn_id)
+    if chosen:
+        session.execute(
+            update(Turn)
+            .where(and_(Turn.id.in_(chosen), Turn.admitted_at.is_(None)))
+            .values(admitted_at=now())
+        )
+    return chosen
+
+
+def waiting_by_user(session: Session, deployment: str) -> dict[str, int]:
+    """``deployment``'s turns that wait for a slot, by user (heads or not)."""
+    rows = session.execute(
+        select(Turn.user_id, func.count())
+        .where(
+            Turn.deployment == deployment,
+            Turn.status == TurnState.QUEUED,
+            Turn.admitted_at.is_(None),
+            Turn.parent_call_id.is_(None),
+        )
+        .group_by(Turn.user_id)
+    )
+    return {user_id: int(count) for user_id, count in rows}
