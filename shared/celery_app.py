@@ -13,6 +13,7 @@ from typing import Any
 from celery import Celery
 
 from signalbox.shared import broker_fixes
+from signalbox.shared.log_context import propagate_over_celery
 from signalbox.shared.settings import CommonSettings
 
 ORCHESTRATOR_QUEUE = "orchestrator"
@@ -47,6 +48,7 @@ def transport_options(settings: CommonSettings) -> dict[str, Any]:
 def make_celery(name: str, settings: CommonSettings, include: list[str] | None = None) -> Celery:
     """A Celery app on the deployment's Redis with Signalbox's delivery settings."""
     broker_fixes.apply()
+    propagate_over_celery()  # a task's log lines carry its sender's ids (turn, call...)
     app = Celery(name, broker=settings.redis_url, backend=settings.redis_url, include=include or [])
     options = transport_options(settings)
     app.conf.update(

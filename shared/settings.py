@@ -46,6 +46,7 @@ class CommonSettings(BaseSettings):
     # proposals waiting for a decision, and bytes of all of a user's workspaces.
     quota_pending_proposals: int = Field(default=1000, ge=0)
     quota_workspace_bytes: int = Field(default=1024**3, ge=0)
+    log_format: Literal["human", "json"] = "human"  # shared/log_config.py
 
     @field_validator("redis_url", "database_url")
     @classmethod

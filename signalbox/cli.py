@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from signalbox import admin
+from signalbox import admin, probe
 from signalbox.gateway_api import ApiError, resolve_token, resolve_url
+from signalbox.shared.log_config import configure_logging
 from signalbox.shared.settings import CommonSettings, SettingsError, load
 
 
@@ -152,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
     from signalbox.schedules_cli import add_arguments as add_schedules
 
     add_schedules(sub, _client_options)
+
+    probe.add_arguments(
+        sub.add_parser("probe", help="health checks for docker-compose and Kubernetes probes")
+    )
     return parser
 
 
@@ -267,7 +273,11 @@ def _proposals(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``signalbox`` console script."""
     args = build_parser().parse_args(argv)
+    # A terminal tool: warnings only, unless SIGNALBOX_LOG_LEVEL asks for more.
+    configure_logging("cli", os.environ.get("SIGNALBOX_LOG_LEVEL") or "WARNING")
     try:
+        if args.command == "probe":
+            return probe.run(args)
         if args.command == "up":
             return _up(args)
         if args.command == "migrate":

@@ -156,7 +156,12 @@ def python_module(module: str, *args: str) -> list[str]:
 
 @dataclass
 class ServiceCommands:
-    """The command line of each service; docker-compose.yml runs the same entry points."""
+    """The command line of each service; docker-compose.yml runs the same entry points.
+
+    The workers send task events (``-E``) for Flower and ``celery events``; a tool call's
+    event shows only its call id and tool (``kwargsrepr`` in orchestrator/dispatch.py).
+    ``--loglevel`` is Celery's; ``SIGNALBOX_LOG_LEVEL`` decides (shared/log_config.py).
+    """
 
     host: str = "127.0.0.1"
     tools_concurrency: int = 4
@@ -181,7 +186,7 @@ class ServiceCommands:
             "celery", "-A", "signalbox.services.orchestrator.worker:app", "worker",
             "-Q", "orchestrator", "--pool", "threads",
             "-c", str(self.orchestrator_concurrency), "-n", name, "--without-gossip",
-            "--without-mingle", "--loglevel", "INFO",
+            "--without-mingle", "-E", "--loglevel", "INFO",
         )  # fmt: skip
 
     def scheduler(self, name: str) -> list[str]:
@@ -191,7 +196,7 @@ class ServiceCommands:
             "celery", "-A", "signalbox.services.scheduler.worker:app", "worker", "-B",
             "-Q", "scheduler", "--pool", "threads",
             "-c", str(self.scheduler_concurrency), "-n", name, "--without-gossip",
-            "--without-mingle", "--loglevel", "INFO",
+            "--without-mingle", "-E", "--loglevel", "INFO",
         )  # fmt: skip
 
     def tools(self, name: str, queues: str = "tools,tools.sandbox") -> list[str]:
@@ -199,7 +204,7 @@ class ServiceCommands:
             "celery", "-A", "signalbox.services.tools.worker:app", "worker",
             "-Q", queues, "--pool", "prefork",
             "-c", str(self.tools_concurrency), "-n", name, "--without-gossip",
-            "--without-mingle", "--loglevel", "INFO",
+            "--without-mingle", "-E", "--loglevel", "INFO",
         )  # fmt: skip
 
 

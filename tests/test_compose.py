@@ -149,6 +149,7 @@ def _shape(words: list[str]) -> dict[str, str]:
             shape[key] = words[words.index(flag) + 1]
     shape["entry"] = " ".join(m + ":" + a for m, a in ENTRY_POINT.findall(" ".join(words)))
     shape["factory"] = str("--factory" in words)
+    shape["events"] = str("-E" in words)  # task events on, for Flower
     return shape
 
 
@@ -276,7 +277,13 @@ def test_internal_services_are_unreachable_from_outside(
     /internal routes trust the internal token) are on the internal network alone."""
     internal = {name for name, net in compose["networks"].items() if (net or {}).get("internal")}
     assert internal, "no internal network"
-    assert [name for name, svc in services.items() if svc.get("ports")] == ["gateway"]
+    published = [name for name, svc in services.items() if svc.get("ports")]
+    assert [name for name in published if "profiles" not in services[name]] == ["gateway"]
+    # The optional UIs (Flower, Jaeger, Prometheus, Grafana) on this machine's loopback only.
+    for name in published:
+        if name != "gateway":
+            for port in services[name]["ports"]:
+                assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port!r} widely"
     for name in ("redis", "postgres", "proposals", "tools-sandbox"):
         assert set(services[name]["networks"]) <= internal, name
     for name, svc in services.items():

@@ -47,6 +47,7 @@ from signalbox.services.gateway.state import Gateway
 from signalbox.services.gateway.webhook_deliverer import WebhookDeliverer
 from signalbox.shared.body_limit import BodyLimit
 from signalbox.shared.file_modes import keep_new_files_private
+from signalbox.shared.log_config import configure_logging
 from signalbox.shared.settings import GatewaySettings, SettingsError, load
 
 # uvicorn's own protocol on the websockets library: its frame parser checks the length in
@@ -128,7 +129,9 @@ def server_config(
     ``SIGNALBOX_WS_MAX_FRAME_BYTES`` is refused from its header, before its payload is
     buffered (the session's check of each message, after, is then a second guard only).
     ``options`` are further ``uvicorn.Config`` arguments (tests pass ``log_level``).
+    uvicorn leaves logging as ``configure_logging`` set it (``log_config=None``).
     """
+    options.setdefault("log_config", None)
     return uvicorn.Config(
         app,
         host=host,
@@ -155,6 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 1
+    configure_logging("gateway", settings.log_level, settings.log_format)
     uvicorn.Server(server_config(create_app(settings), settings, args.host, args.port)).run()
     return 0
 

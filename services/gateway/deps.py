@@ -15,6 +15,7 @@ from signalbox.services.gateway.state import Gateway
 from signalbox.shared.db import User
 from signalbox.shared.db.users import user_for_token
 from signalbox.shared.ids import ID_MAX_CHARS, ID_PATTERN
+from signalbox.shared.log_context import bind_log_context
 
 _bearer = HTTPBearer(auto_error=False)
 
@@ -63,6 +64,7 @@ async def current_user(
             detail="missing or invalid bearer token",
             headers={"WWW-Authenticate": "Bearer"},
         )
+    bind_log_context(user_id=user.id)  # this request's lines (its task ends with it)
     if connection.scope["type"] == "http" and connection.scope["method"] in MUTATING_METHODS:
         route = connection.scope.get("route")
         action = action_for_route(getattr(route, "path", connection.url.path))

@@ -1,28 +1,17 @@
-"""Keep WebSocket tickets out of the logs: uvicorn logs each handshake's path with its query."""
+"""Keep WebSocket tickets out of the logs: uvicorn logs each handshake's path with its query.
+
+The rules are ``shared/redaction.py``'s, which every handler of ``configure_logging`` applies;
+``install`` puts the same filter on uvicorn's loggers too, for an app served without it (the
+tests' in-process servers).
+"""
 
 from __future__ import annotations
 
 import logging
-import re
 
-_SECRET_PARAM = re.compile(r"((?:ticket|token)=)[^&\s\"']+", re.IGNORECASE)
-REDACTED = "[redacted]"
+from signalbox.shared.redaction import REDACTED, RedactSecrets, redact
 
-
-def redact(text: str) -> str:
-    """``text`` with the value of every ``ticket=``/``token=`` query parameter replaced."""
-    return _SECRET_PARAM.sub(rf"\g<1>{REDACTED}", text)
-
-
-class RedactSecrets(logging.Filter):
-    """A filter that rewrites a record's message without the secrets it would show."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        cleaned = redact(message)
-        if cleaned != message:
-            record.msg, record.args = cleaned, None
-        return True
+__all__ = ["REDACTED", "RedactSecrets", "install", "redact"]
 
 
 def install(logger_names: tuple[str, ...] = ("uvicorn.error", "uvicorn.access")) -> None:

@@ -32,6 +32,7 @@ from signalbox.shared.db import Conversation, Turn, User
 from signalbox.shared.db.concurrency import lock_row
 from signalbox.shared.events import Attachment
 from signalbox.shared.ids import new_id
+from signalbox.shared.log_context import log_context
 from signalbox.shared.protocol import ClientToolSpec
 from signalbox.shared.statuses import UNFINISHED_TURNS, TurnState
 
@@ -258,15 +259,20 @@ async def submit_turn(
         queued["attachments"] = [a.model_dump(mode="json") for a in attached]
     event_id = await gateway.events.append(conv_id, "turn_queued", queued, turn.id)
     gateway.metrics.turns_queued.labels(inserted.user_class).inc()
-    try:
-        # Started now if its user's fair share allows (shared/admission.py); otherwise it
-        # waits in SQL, holding nothing, until a slot frees.
-        await gateway.admit_waiting_turns()
-    except Exception as exc:
-        # The turn stays queued in SQL; every orchestrator's reconciler admits waiting turns
-        # on each sweep, so a retry of the send is not needed.
-        log.error("could not admit or enqueue turn %s: %s", turn.id, exc)
-        raise Unavailable(f"turn {turn.id!r} is stored but could not be enqueued: {exc}") from exc
+    # The run_turn message carries these ids to the orchestrator's log lines.
+    with log_context(conversation_id=conv_id, turn_id=turn.id, user_id=user_id):
+        try:
+            # Started now if its user's fair share allows (shared/admission.py); otherwise
+            # it waits in SQL, holding nothing, until a slot frees.
+            await gateway.admit_waiting_turns()
+        except Exception as exc:
+            # The turn stays queued in SQL; every orchestrator's reconciler admits waiting
+            # turns on each sweep, so a retry of the send is not needed.
+            log.error("could not admit or enqueue turn %s: %s", turn.id, exc)
+            raise Unavailable(
+                f"turn {turn.id!r} is stored but could not be enqueued: {exc}"
+            ) from exc
+        log.info("turn %s queued", turn.id)
     return SubmittedTurn(
         conv_id,
         turn.id,

@@ -10,6 +10,7 @@ from signalbox.services.gateway.deps import get_gateway, user_from_token
 from signalbox.services.gateway.state import Gateway
 from signalbox.services.gateway.tickets import consume_ticket
 from signalbox.services.gateway.ws_session import WsSession
+from signalbox.shared.log_context import bind_log_context
 
 router = APIRouter()
 
@@ -56,6 +57,7 @@ async def websocket_endpoint(websocket: WebSocket) -> None:
     if user_id is None:
         await websocket.close(code=POLICY_VIOLATION)
         return
+    bind_log_context(user_id=user_id)  # every line of this socket's task
     await websocket.accept()
     connections = gateway.metrics.connections.labels("ws")
     connections.inc()

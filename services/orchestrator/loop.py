@@ -27,6 +27,7 @@ from signalbox.services.orchestrator.lease import LeaseLost, TurnLease
 from signalbox.services.orchestrator.runtime import REDIS_DOWN, Runtime
 from signalbox.services.orchestrator.store import FINISHED_TURN_STATUSES, TurnInfo
 from signalbox.services.orchestrator.turn_runner import TurnRunner
+from signalbox.shared.log_context import bind_log_context
 
 __all__ = ["Runtime", "TurnRunner", "run_turn"]
 
@@ -50,6 +51,7 @@ def run_turn(rt: Runtime, turn_id: str) -> str:
     if info is None:
         log.warning("run_turn: no turn %r", turn_id)
         return "missing"
+    bind_log_context(conversation_id=info.conversation_id, user_id=info.user_id)
     if info.parent_call_id is not None:
         return "child"  # a spawn_agent child runs inside its parent's run, never alone
     if info.status in FINISHED_TURN_STATUSES:

@@ -27,6 +27,7 @@ from signalbox.services.orchestrator.worker import app, hooks, policy, settings
 from signalbox.shared.celery_app import RUN_TURN_TASK, SCHEDULER_QUEUE, SYNC_ALARM_TASK
 from signalbox.shared.db import make_engine, make_session_factory
 from signalbox.shared.events import turn_finished
+from signalbox.shared.log_context import bind_log_context
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import OrchestratorSettings
 from signalbox.shared.statuses import TurnState
@@ -121,6 +122,9 @@ def _stop_background(**_: Any) -> None:
 def run_turn(self: Any, turn_id: str) -> str:
     """Run, resume or continue one turn; returns its outcome (see ``loop.run_turn``)."""
     rt = runtime()
+    # The turn's own id, until the task ends: the message's (restored from its header) may
+    # be the turn that enqueued this one. The loop adds the conversation and user.
+    bind_log_context(turn_id=turn_id)
     try:
         return run_turn_loop(rt, turn_id)
     except Exception:

@@ -7,9 +7,11 @@ from __future__ import annotations
 from signalbox.services.orchestrator.hooks import load_hooks
 from signalbox.services.orchestrator.policy import load_policy
 from signalbox.shared.celery_app import make_celery
+from signalbox.shared.log_config import celery_logging
 from signalbox.shared.settings import OrchestratorSettings, load
 
 settings = load(OrchestratorSettings)
+celery_logging("orchestrator", settings.log_level, settings.log_format)
 policy = load_policy(settings)  # here, so a broken policy stops the worker before it starts
 hooks = load_hooks(settings.hook_modules)  # likewise a hook that does not load
 app = make_celery(

@@ -27,6 +27,7 @@ from signalbox.services.proposals.routes import router
 from signalbox.services.proposals.sweeper import Sweeper
 from signalbox.shared.body_limit import BodyLimit
 from signalbox.shared.file_modes import keep_new_files_private
+from signalbox.shared.log_config import configure_logging
 from signalbox.shared.settings import ProposalsSettings, SettingsError, load
 
 log = logging.getLogger(__name__)
@@ -91,8 +92,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"proposals: {exc}", file=sys.stderr)
         return 1
+    configure_logging("proposals", settings.log_level, settings.log_format)
     app = create_app(settings)
-    uvicorn.run(app, host=args.host, port=args.port, access_log=False, lifespan="on")
+    # log_config=None: uvicorn leaves logging as configure_logging set it.
+    uvicorn.run(
+        app, host=args.host, port=args.port, access_log=False, lifespan="on", log_config=None
+    )
     return 0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from contextlib import AbstractContextManager
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query
@@ -16,6 +18,8 @@ from signalbox.services.proposals.deps import (
     OwnedProposal,
     require_internal,
 )
+from signalbox.shared.db import Proposal
+from signalbox.shared.log_context import log_context
 from signalbox.shared.proposals_api import (
     DECIDED_DEFAULT_LIMIT,
     ApproveBody,
@@ -34,6 +38,16 @@ from signalbox.shared.proposals_api import (
 from signalbox.shared.workspace_paths import WORKSPACE_NAME_MAX_CHARS, WORKSPACE_NAME_PATTERN
 
 router = APIRouter()
+log = logging.getLogger(__name__)
+
+
+def _proposal_log_context(proposal: Proposal) -> AbstractContextManager[None]:
+    return log_context(
+        conversation_id=proposal.conversation_id,
+        turn_id=proposal.turn_id,
+        call_id=proposal.call_id,
+        user_id=proposal.user_id,
+    )
 
 
 @router.get("/healthz")
@@ -77,7 +91,15 @@ WorkspaceNamePath = Annotated[
 )
 def create_proposal(ctx: Context, body: CreateProposal) -> ProposalPublic:
     """A tool worker proposes file changes for a user's conversation (404 unless theirs)."""
-    return proposals.proposal_public(proposals.create(ctx, body))
+    with log_context(
+        conversation_id=body.conversation_id,
+        turn_id=body.turn_id,
+        call_id=body.call_id,
+        user_id=body.user_id,
+    ):
+        created = proposals.create(ctx, body)
+        log.info("proposal %s created: %d file(s)", created.id, len(body.files))
+        return proposals.proposal_public(created)
 
 
 @router.get("/api/proposals/pending")
@@ -115,7 +137,10 @@ def approve(
 ) -> ProposalPublic:
     """Apply one of my proposals, or only ``files`` of it (409 with the current diff if stale)."""
     paths = body.files if body else None
-    return proposals.proposal_public(decisions.approve(ctx, proposal, user.id, paths))
+    with _proposal_log_context(proposal):
+        decided = decisions.approve(ctx, proposal, user.id, paths)
+        log.info("proposal %s approved: %s", decided.id, decided.status)
+        return proposals.proposal_public(decided)
 
 
 @router.post("/api/proposals/{proposal_id}/reject", responses=_DECISION)
@@ -124,7 +149,10 @@ def reject(
 ) -> ProposalPublic:
     """Reject one of my proposals."""
     reason = body.reason if body else None
-    return proposals.proposal_public(decisions.reject(ctx, proposal, user.id, reason))
+    with _proposal_log_context(proposal):
+        decided = decisions.reject(ctx, proposal, user.id, reason)
+        log.info("proposal %s rejected: %s", decided.id, decided.status)
+        return proposals.proposal_public(decided)
 
 
 @router.post("/api/proposals/{proposal_id}/revert", status_code=201, responses=_DECISION)

@@ -5,6 +5,7 @@ run with one beat ticking; the worker side runs the ticks and the store syncs.""
 from __future__ import annotations
 
 from signalbox.shared.celery_app import SCHEDULER_QUEUE, make_celery
+from signalbox.shared.log_config import celery_logging
 from signalbox.shared.settings import CommonSettings, load
 
 # The beat wakes at least this often: a one-second interval is kept to the second, and a
@@ -14,6 +15,7 @@ BEAT_MAX_LOOP_S = 1
 BEAT_LOCK_TIMEOUT_S = 10
 
 settings = load(CommonSettings)
+celery_logging("scheduler", settings.log_level, settings.log_format)  # the beat's too
 app = make_celery("signalbox-scheduler", settings, include=["signalbox.services.scheduler.tasks"])
 app.conf.task_routes = {**app.conf.task_routes, "scheduler.*": {"queue": SCHEDULER_QUEUE}}
 app.conf.update(

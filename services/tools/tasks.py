@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from functools import partial
 from typing import Any
@@ -15,8 +16,10 @@ from signalbox.services.tools.execution import Deps, report_killed, report_stopp
 from signalbox.services.tools.worker import app, registry, settings
 from signalbox.shared.call_cancel import checker_client, is_cancelled
 from signalbox.shared.celery_app import RUN_TOOL_TASK
+from signalbox.shared.log_context import CONTEXT_FIELDS, bind_log_context
 from signalbox.shared.redis_keys import RedisKeys
 
+log = logging.getLogger(__name__)
 _deps: tuple[int, Deps] | None = None
 
 
@@ -57,6 +60,8 @@ class ToolTask(Task):  # type: ignore[type-arg]
 def run_tool(request: dict[str, Any]) -> str:
     """Run one tool call and publish its result; returns the status, "skipped" for a
     redelivery, or "terminated" when its turn's cancel stopped it (``termination``)."""
+    # Until the task ends (task_postrun clears it), Celery's own line about it included.
+    bind_log_context(**{field: _text(request.get(field)) for field in CONTEXT_FIELDS})
     try:
         call_id = request.get("call_id")
         with termination.running_call(call_id if isinstance(call_id, str) else ""):
@@ -66,4 +71,11 @@ def run_tool(request: dict[str, Any]) -> str:
             raise
         report_stopped(request, deps())
         return "terminated"  # acknowledged: a stopped call is not delivered again
+    if result is not None:
+        tool = request.get("tool")
+        log.info("call %s: %s %s in %d ms", result.call_id, tool, result.status, result.duration_ms)
     return "skipped" if result is None else result.status
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None

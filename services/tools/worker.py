@@ -23,6 +23,7 @@ from celery.signals import worker_init, worker_ready, worker_shutdown
 from signalbox.services.tools.catalogue import CatalogueRefresher, served, worker_tools
 from signalbox.services.tools.sandbox import protect_worker, unavailable
 from signalbox.shared.celery_app import SANDBOX_QUEUE, make_celery
+from signalbox.shared.log_config import celery_logging
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import ToolsSettings, load
 
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 protect_worker()  # before any secret is read: no other process of our user may read our environ
 settings = load(ToolsSettings)
+celery_logging("tools", settings.log_level, settings.log_format)
 app = make_celery("signalbox-tools", settings, include=["signalbox.services.tools.tasks"])
 registry = worker_tools(settings)
 

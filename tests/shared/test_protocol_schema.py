@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import jsonschema  # type: ignore[import-untyped]  # no stubs installed
+import jsonschema  # no stubs: ignore_missing_imports in pyproject.toml
 import pytest
 from websockets.sync.client import connect
 
