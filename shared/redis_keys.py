@@ -23,6 +23,10 @@ class RedisKeys:
         """Set by the first tool worker that starts a call; a redelivery sees it."""
         return f"{self.prefix}claim:call:{call_id}"
 
+    def call_alive(self, call_id: str) -> str:
+        """Renewed (short TTL) by the tool worker whose pool process runs the call right now."""
+        return f"{self.prefix}alive:call:{call_id}"
+
     def call_cancelled(self, call_id: str) -> str:
         """Set (with a short TTL) by a cancel before it revokes the call (``call_cancel.py``)."""
         return f"{self.prefix}cancelled:call:{call_id}"
@@ -38,6 +42,10 @@ class RedisKeys:
     def turn_requeued(self, turn_id: str) -> str:
         """Set while a stale queued turn was lately enqueued again (one re-enqueue per period)."""
         return f"{self.prefix}requeued:turn:{turn_id}"
+
+    def turn_orphan_enqueued(self, turn_id: str) -> str:
+        """Set while a turn found without a runner was lately enqueued again (recovery.py)."""
+        return f"{self.prefix}orphan-enqueued:turn:{turn_id}"
 
     def deployment_epoch(self) -> str:
         """A value set once per Redis lifetime; its disappearance means Redis lost its data."""
@@ -66,6 +74,19 @@ class RedisKeys:
     def rate(self, user_id: str, window: int) -> str:
         """Per-user frame counter for one rate-limit window."""
         return f"{self.prefix}rate:{user_id}:{window}"
+
+    def turn_parked_at(self, turn_id: str) -> str:
+        """When a turn last parked (epoch seconds), for ``signalbox_turn_parked_seconds``."""
+        return f"{self.prefix}parked-at:turn:{turn_id}"
+
+    def celery_queue(self, queue: str, priority: int = 0) -> str:
+        """The Redis list of a Celery queue's messages at one priority step: kombu names the
+        others ``<queue>\\x06\\x16<step>``, and Celery's ``global_keyprefix`` is this prefix."""
+        return self.prefix + (f"{queue}\x06\x16{priority}" if priority else queue)
+
+    def celery_unacked(self) -> str:
+        """kombu's hash of messages delivered to a worker and not yet acknowledged."""
+        return f"{self.prefix}unacked"
 
     @property
     def approvals_channel(self) -> str:

@@ -33,6 +33,10 @@ class CommonSettings(BaseSettings):
     redis_prefix: str = Field(
         default="sb:", description="prefix of every Redis key and Celery queue of this deployment"
     )
+    # A Celery worker's Prometheus /metrics (shared/metrics.py); None: not served. The HTTP
+    # services serve /metrics on their own port instead.
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "0.0.0.0"
     database_url: str = "sqlite:///var/signalbox.db"
     workspaces_root: Path = Path("var/workspaces")
     visibility_timeout_s: int = DEFAULT_VISIBILITY_TIMEOUT_S
@@ -143,7 +147,16 @@ class OrchestratorSettings(CommonSettings):
         "file changes you make are proposals that a human approves."
     )
     tool_grace_s: float = 5.0  # beyond a tool's own limit before the orchestrator calls it lost
-    lease_s: float = 30.0
+    # Failure detection (docs/operations.md, "Failure detection"). A runner renews its turn's
+    # lease every lease_renew_s; a dead runner's lease runs out after lease_s, and a sweep
+    # every orphan_sweep_s enqueues its turn again (the rest of the reconciler's work, parked
+    # and queued turns, every reconcile_s). A started tool call whose worker's heartbeat is
+    # gone for tool_heartbeat_grace_s ends lost at once (0: only at its deadline).
+    lease_s: float = Field(default=4.0, gt=0)
+    lease_renew_s: float = Field(default=1.0, gt=0)
+    orphan_sweep_s: float = Field(default=0.5, gt=0)
+    reconcile_s: float = Field(default=30.0, gt=0)
+    tool_heartbeat_grace_s: float = Field(default=1.0, ge=0)
     # A turn whose runner died this many times in a row (a poison message: each delivery
     # kills its worker) is failed on the next delivery instead of run again.
     max_turn_deliveries: int = Field(default=3, ge=1)
@@ -173,6 +186,16 @@ class OrchestratorSettings(CommonSettings):
     # the ``signalbox.hooks`` entry points; a target that does not load stops start-up.
     hook_modules: list[str] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _renewed_in_time(self) -> OrchestratorSettings:
+        # A renewal may come late once (a loaded machine) without the lease running out.
+        if self.lease_renew_s * 2 > self.lease_s:
+            raise ValueError(
+                f"expected lease_renew_s at most half of lease_s, got lease_renew_s="
+                f"{self.lease_renew_s:g} with lease_s={self.lease_s:g}"
+            )
+        return self
+
 
 class McpServerSettings(BaseModel):
     """One MCP server whose tools the tool workers serve: a stdio ``command`` or an HTTP ``url``."""
@@ -201,6 +224,12 @@ class ToolsSettings(_NeedsInternalToken):
 
     proposals_url: str = "http://127.0.0.1:8001"
     catalogue_refresh_s: float = 10.0
+    # While a call runs, the main process renews its heartbeat every call_heartbeat_s, valid
+    # for call_heartbeat_ttl_s (services/tools/heartbeat.py); the orchestrator ends a call
+    # whose heartbeat is gone lost. A result Redis cannot take is retried this long.
+    call_heartbeat_s: float = Field(default=0.5, gt=0)
+    call_heartbeat_ttl_s: float = Field(default=2.0, gt=0)
+    result_publish_retry_s: float = Field(default=10.0, ge=0)
     read_max_bytes: int = 256 * 1024
     search_max_results: int = 200
     # A deployment's own tools: modules (``pkg.mod`` or ``pkg.mod:attr``) holding a Registry,
@@ -227,6 +256,17 @@ class ToolsSettings(_NeedsInternalToken):
     web_fetch_timeout_s: float = Field(default=20.0, gt=0)
     # Entries no tool shows the model (services/tools/denylist.py); '[]' leaves only .git/.
     secret_denylist: list[str] = Field(default_factory=lambda: list(DEFAULT_SECRET_DENYLIST))
+
+    @model_validator(mode="after")
+    def _beats_in_time(self) -> ToolsSettings:
+        # A renewal may come late once without the heartbeat running out.
+        if self.call_heartbeat_s * 2 > self.call_heartbeat_ttl_s:
+            raise ValueError(
+                f"expected call_heartbeat_s at most half of call_heartbeat_ttl_s, got "
+                f"call_heartbeat_s={self.call_heartbeat_s:g} with "
+                f"call_heartbeat_ttl_s={self.call_heartbeat_ttl_s:g}"
+            )
+        return self
 
 
 class ProposalsSettings(_NeedsInternalToken):

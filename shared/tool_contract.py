@@ -3,11 +3,18 @@
 The orchestrator never imports the tool registry. Tool workers publish ``ToolSpec``s to
 Redis (``publish_catalogue``) and refresh them while alive; the orchestrator reads the
 live union (``read_catalogue``) and sends each call to its tool's queue.
+
+A worker that starts a call claims it (``claim_call``: the claim names the process running
+it, and a redelivery of a non-idempotent call finds it taken) and keeps a heartbeat key
+alive while it runs (``renew_heartbeats``); the orchestrator ends a started call whose
+heartbeat stopped ``lost`` at once instead of at its deadline.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 from typing import Any, Literal
 
@@ -65,6 +72,74 @@ def publish_result(client: redis.Redis, keys: RedisKeys, turn_id: str, result: T
     pipe.xadd(key, {"r": result.model_dump_json()})
     pipe.expire(key, 24 * 3600)
     pipe.execute()
+
+
+CLAIM_TTL_S = 24 * 3600  # longer than any redelivery (the visibility timeout is 1 h)
+
+# The first claim wins; a rerun (an idempotent call delivered again) takes the claim over,
+# so the heartbeat follows the process running the call now. Either way the heartbeat
+# starts with the run, not at the main process's next renewal.
+_CLAIM = """
+local won = redis.call('set', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2])
+if won or ARGV[4] == '1' then
+  if not won then redis.call('set', KEYS[1], ARGV[1], 'EX', ARGV[2]) end
+  redis.call('set', KEYS[2], '1', 'PX', ARGV[3])
+end
+if won then return 1 end
+return 0
+"""
+# KEYS: claim, heartbeat pairs; ARGV: ttl_ms, then the holder each claim must name.
+_RENEW = """
+local renewed = 0
+for i = 1, #KEYS, 2 do
+  if redis.call('get', KEYS[i]) == ARGV[(i + 1) / 2 + 1] then
+    redis.call('set', KEYS[i + 1], '1', 'PX', ARGV[1])
+    renewed = renewed + 1
+  end
+end
+return renewed
+"""
+
+
+def claim_holder(pid: int | None = None) -> str:
+    """How a claim names the process running a call: ``host:pid``."""
+    return f"{socket.gethostname()}:{pid if pid is not None else os.getpid()}"
+
+
+def claim_call(
+    client: redis.Redis, keys: RedisKeys, call_id: str, heartbeat_ttl_s: float, rerun: bool
+) -> bool:
+    """True for the first claim of ``call_id``; a ``rerun`` takes an existing claim over.
+
+    Whoever runs the call (the first claim, or a rerun) also starts its heartbeat.
+    """
+    won = client.eval(
+        _CLAIM,
+        2,
+        keys.call_claim(call_id),
+        keys.call_alive(call_id),
+        claim_holder(),
+        str(CLAIM_TTL_S),
+        str(max(1, int(heartbeat_ttl_s * 1000))),
+        "1" if rerun else "0",
+    )
+    return bool(won)
+
+
+def renew_heartbeats(
+    client: redis.Redis, keys: RedisKeys, running: list[tuple[str, str]], ttl_s: float
+) -> int:
+    """Renew the heartbeat of each ``(call_id, holder)`` whose claim ``holder`` still holds
+    (a redelivery skipped by the claim is not the run the orchestrator waits on)."""
+    if not running:
+        return 0
+    names: list[str] = []
+    holders: list[str] = []
+    for call_id, holder in running:
+        names += [keys.call_claim(call_id), keys.call_alive(call_id)]
+        holders.append(holder)
+    ttl_ms = str(max(1, int(ttl_s * 1000)))
+    return int(client.eval(_RENEW, len(names), *names, ttl_ms, *holders))
 
 
 def publish_catalogue(

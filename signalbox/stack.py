@@ -53,6 +53,7 @@ class Stack:
             host=config.host, tools_concurrency=config.tools_concurrency
         )
         self.children: dict[str, Child] = {}
+        self.metrics_ports: dict[str, int] = {}  # each Celery worker's own /metrics port
 
     @property
     def gateway_url(self) -> str:
@@ -79,12 +80,26 @@ class Stack:
             },
         )
 
-    def _child(self, name: str, args: list[str]) -> Child:
+    def metrics_url(self, name: str) -> str:
+        """Where the service ``name`` (a child's name) serves Prometheus metrics."""
+        if name == "gateway":
+            return f"{self.gateway_url}/metrics"
+        if name == "proposals":
+            return f"{self.proposals_url}/metrics"
+        return f"http://{self.config.host}:{self.metrics_ports[name]}/metrics"
+
+    def _child(self, name: str, args: list[str], worker: bool = False) -> Child:
+        env = self.env()
+        if worker:  # a Celery worker has no app to serve /metrics on: a port of its own
+            port = self.metrics_ports.setdefault(name, free_port())
+            env.update(SIGNALBOX_METRICS_PORT=str(port), SIGNALBOX_METRICS_HOST=self.config.host)
+            # Each tool worker empties its multiprocess directory at start: never a shared one.
+            env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         child = Child(
             name=name,
             args=args,
             log_path=self.config.var_dir / "logs" / f"{name}.log",
-            env=self.env(),
+            env=env,
         )
         self.children[name] = child
         child.start()
@@ -101,17 +116,17 @@ class Stack:
         return child
 
     def start_orchestrator(self, name: str) -> Child:
-        child = self._child(name, self.commands.orchestrator(f"{name}@%h"))
+        child = self._child(name, self.commands.orchestrator(f"{name}@%h"), worker=True)
         child.wait_ready(log_contains(child, " ready."))
         return child
 
     def start_scheduler(self, name: str = "scheduler") -> Child:
-        child = self._child(name, self.commands.scheduler(f"{name}@%h"))
+        child = self._child(name, self.commands.scheduler(f"{name}@%h"), worker=True)
         child.wait_ready(log_contains(child, " ready."))
         return child
 
     def start_tools_worker(self, name: str, queues: str = "tools,tools.sandbox") -> Child:
-        child = self._child(name, self.commands.tools(f"{name}@%h", queues))
+        child = self._child(name, self.commands.tools(f"{name}@%h", queues), worker=True)
         child.wait_ready(log_contains(child, " ready."))
         return child
 

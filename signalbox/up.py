@@ -312,6 +312,8 @@ def print_banner(out: TextIO, stack: Stack, token: str, model: str, logs: Path) 
                 f"  token:   {token}   (user {ADMIN_USER!r}; also in {logs.parent}/admin-token)",
                 f"  model:   {model}",
                 f"  logs:    {logs}/",
+                f"  metrics: {url}/metrics, {stack.proposals_url}/metrics, workers "
+                + ", ".join(f"{name} :{port}" for name, port in stack.metrics_ports.items()),
                 f"  API:     {url}/api/...   WebSocket: ws{url.removeprefix('http')}/ws",
                 "Press Ctrl-C to stop.",
                 "",

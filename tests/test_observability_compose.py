@@ -34,16 +34,6 @@ WORKER_QUEUES = {
     "tools-sandbox": "tools.sandbox",
     "scheduler": "scheduler",
 }
-# Series that issue 18's metrics work registers in the orchestrator, tool workers,
-# proposals service and scheduler. Once those are in the code this set can go: the test then
-# finds every name in the code alone.
-AGREED_METRICS = {
-    "signalbox_model_request_seconds",
-    "signalbox_tool_calls",
-    "signalbox_tool_call_seconds",
-    "signalbox_outbox_lag_seconds",
-    "signalbox_celery_queue_length",
-}
 METRIC = re.compile(r"\bsignalbox_[a-z0-9_]+")
 SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
 
@@ -147,7 +137,7 @@ def _metrics_in_code() -> set[str]:
 def test_every_dashboard_panel_queries_series_that_exist() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     assert dashboard["panels"], "an empty dashboard"
-    known = _metrics_in_code() | AGREED_METRICS
+    known = _metrics_in_code()
     assert "signalbox_turns" in known  # the scan finds the gateway's metrics
     for panel in dashboard["panels"]:
         exprs = [target["expr"] for target in panel["targets"]]

@@ -17,6 +17,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from signalbox.shared.db import Turn, User
+from signalbox.shared.metrics import user_class as user_class  # its one definition, re-exported
 from signalbox.shared.protocol import CLIENT_FRAME_TYPES
 from signalbox.shared.statuses import TurnState
 
@@ -27,11 +28,6 @@ LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 
 # Labels come from client input; anything outside the protocol's types is one label value.
 _OTHER_FRAME = "invalid"
-
-
-def user_class(is_admin: bool) -> str:
-    """The label of a user in per-class metrics: a bounded set, never the user's id."""
-    return "admin" if is_admin else "user"
 
 
 class _TurnsBySql(Collector):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from signalbox.services.orchestrator import usage
+from signalbox.services.orchestrator import metrics, usage
 from signalbox.services.orchestrator.context_budget import CHARS_PER_TOKEN
 from signalbox.services.orchestrator.model import (
     ModelError,
@@ -251,7 +251,7 @@ def _summarise(
     )
     parts: list[str] = []
     end: StepEnd | None = None
-    for event in runner.rt.model.stream(request):
+    for event in metrics.model_stream(runner.rt.model, request, "compaction"):
         if isinstance(event, TextDelta):
             parts.append(event.text)
         elif isinstance(event, StepRetry):

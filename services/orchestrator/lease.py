@@ -4,6 +4,10 @@ A second delivery of the same turn (a redelivered Celery message, a duplicate en
 finds the lease held and returns at once. If the runner dies the lease expires after
 ``lease_s`` and the next delivery resumes the turn. A runner whose lease was taken over
 (it stalled longer than ``lease_s``) notices through ``lost`` and stops writing.
+
+The lease is short (seconds: how soon a dead runner's turn resumes) and renewed often by
+its own thread (``renew_s``), which waits on Redis, not on the CPU, so a busy runner keeps
+it. A renewal that comes late is logged with its gap: the margin an operator watches.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from types import TracebackType
 
@@ -50,10 +55,14 @@ def holder_pid(token: str | bytes | None) -> int | None:
 class TurnLease:
     """``SET key token NX PX`` plus a heartbeat; use ``acquire()`` then ``with lease:``."""
 
-    def __init__(self, client: redis.Redis, key: str, lease_s: float) -> None:
+    def __init__(
+        self, client: redis.Redis, key: str, lease_s: float, renew_s: float | None = None
+    ) -> None:
         self.client = client
         self.key = key
         self.lease_ms = max(1, int(lease_s * 1000))
+        self.renew_s = renew_s if renew_s is not None else lease_s / 3
+        self.longest_gap_s = 0.0  # between two renewals, for operators and tests
         # Who holds it, readable by operators (and chaos tests): host, pid, then a nonce.
         self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
         self.lost = threading.Event()
@@ -88,11 +97,22 @@ class TurnLease:
             log.warning("could not release lease %s; it will expire", self.key, exc_info=True)
 
     def _beat(self) -> None:
-        interval = self.lease_ms / 3000
-        while not self._stop.wait(interval):
+        last = time.monotonic()
+        while not self._stop.wait(self.renew_s):
             if not self.refresh():
                 log.error("lease %s was taken over; this runner stops", self.key)
                 return
+            now = time.monotonic()
+            gap, last = now - last, now
+            self.longest_gap_s = max(self.longest_gap_s, gap)
+            if gap > 2 * self.renew_s:
+                log.warning(
+                    "lease %s renewed %.2f s after the last renewal (every %g s, valid %g s)",
+                    self.key,
+                    gap,
+                    self.renew_s,
+                    self.lease_ms / 1000,
+                )
 
     def __enter__(self) -> TurnLease:
         self._thread = threading.Thread(target=self._beat, name=f"lease {self.key}", daemon=True)

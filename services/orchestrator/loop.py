@@ -69,7 +69,9 @@ def run_turn(rt: Runtime, turn_id: str) -> str:
         # Sent before admission gave it a slot (a scheduler tick, a message from before an
         # upgrade): it waits in SQL for its user's fair share, holding no worker thread.
         return "not_admitted"
-    lease = TurnLease(rt.redis, rt.keys.turn_lease(turn_id), rt.settings.lease_s)
+    lease = TurnLease(
+        rt.redis, rt.keys.turn_lease(turn_id), rt.settings.lease_s, rt.settings.lease_renew_s
+    )
     try:
         if not lease.acquire():
             # A redelivery (visibility timeout, a duplicate enqueue) while a runner works on

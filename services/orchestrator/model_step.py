@@ -22,7 +22,15 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
-from signalbox.services.orchestrator import compaction, hooks, plan_graph, planner, store, usage
+from signalbox.services.orchestrator import (
+    compaction,
+    hooks,
+    metrics,
+    plan_graph,
+    planner,
+    store,
+    usage,
+)
 from signalbox.services.orchestrator.agent_tools import agent_offers, cap_sub_agents
 from signalbox.services.orchestrator.approvals import Stamp
 from signalbox.services.orchestrator.builtin_tools import (
@@ -299,8 +307,9 @@ def _open(
 ) -> tuple[ModelRequest, Iterator[ModelEvent], Iterator[ModelEvent]]:
     """Send the step's request (the stream's first event sends it); the API finding it too
     long gets it once more, compacted harder. The request, its stream, and its events."""
+    purpose = "sub_agent" if runner.child else "step"
     sent = _edited(runner, request(runner, offered))
-    stream = runner.rt.model.stream(sent)
+    stream = metrics.model_stream(runner.rt.model, sent, purpose)
     try:
         first = next(stream, None)
     except PromptTooLong:
@@ -308,7 +317,7 @@ def _open(
             raise
         log.warning("turn %s: the prompt was too long; compacting harder", runner.info.turn_id)
         sent = _edited(runner, request(runner, offered, harder=True))
-        stream = runner.rt.model.stream(sent)
+        stream = metrics.model_stream(runner.rt.model, sent, purpose)
         first = next(stream, None)
     head = [] if first is None else [first]
     return sent, stream, itertools.chain(head, stream)

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from signalbox.services.orchestrator import store, usage
+from signalbox.services.orchestrator import metrics, store, usage
 from signalbox.services.orchestrator.model import ModelRequest, StepEnd, ToolDef, ToolUse
 from signalbox.shared.db.models import ModelRequest as RequestRow
 from signalbox.shared.events import ToolsSelected
@@ -120,7 +120,7 @@ def ask(
     uses: list[ToolUse] = []
     end: StepEnd | None = None
     try:
-        stream = runner.rt.model.stream(sent)
+        stream = metrics.model_stream(runner.rt.model, sent, "planner")
         try:
             for event in stream:
                 if isinstance(event, ToolUse):

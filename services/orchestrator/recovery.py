@@ -5,7 +5,9 @@ an answer whose wake-up was lost), and a queued turn whose message is gone.
 Celery would redeliver the dead runner's message only after the visibility timeout (an hour
 by default), and nothing at all happens for a parked turn on its own. Instead each
 orchestrator looks every ``interval_s`` for such turns and enqueues them again; a duplicate
-enqueue is harmless (the lease lets one runner in, the rest return).
+enqueue is harmless (the lease lets one runner in, the rest return). Running turns whose
+runner died are looked for far more often (``orphans_s``, one SQL query and one pipeline of
+``EXISTS``): a dead runner's turn resumes within seconds of its lease running out.
 
 Redis losing its data (a restart without persistence, a flush) takes the queued messages,
 the leases and the event streams with it, while SQL still holds every turn. The reconciler
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -36,6 +39,10 @@ from signalbox.shared.db.models import Turn, as_utc
 from signalbox.shared.redis_keys import RedisKeys
 
 log = logging.getLogger(__name__)
+
+# One re-enqueue of an orphan per this, however many orchestrators sweep: its message may
+# wait for a free orchestrator, and more copies would not make that sooner.
+ORPHAN_REENQUEUE_S = 5.0
 
 
 def orphaned_turns(
@@ -148,6 +155,7 @@ class Reconciler:
         enqueue_turn: Callable[[str], object],
         interval_s: float,
         stale_queued_s: float | None = None,
+        orphans_s: float | None = None,
         admit: Callable[[], list[str]] | None = None,
     ) -> None:
         self.sessions = sessions
@@ -157,6 +165,7 @@ class Reconciler:
         self.interval_s = interval_s
         # Longer than a turn normally waits in the queue for a free orchestrator.
         self.stale_queued_s = stale_queued_s if stale_queued_s is not None else 4 * interval_s
+        self.orphans_s = min(orphans_s, interval_s) if orphans_s is not None else interval_s
         self.admit = admit  # an admission pass that enqueues what it admits
         self.epoch: str | None = None
         self._stop = threading.Event()
@@ -188,10 +197,26 @@ class Reconciler:
             log.info("admitted waiting turn %s", turn_id)
         return found + woken + queued + admitted
 
+    def sweep_orphans(self) -> list[str]:
+        """The frequent pass: running turns whose runner died; returns those it enqueued."""
+        found = []
+        ttl_ms = int(ORPHAN_REENQUEUE_S * 1000)
+        for turn_id in orphaned_turns(self.sessions, self.client, self.keys):
+            if self.client.set(self.keys.turn_orphan_enqueued(turn_id), "1", nx=True, px=ttl_ms):
+                log.warning("turn %s is running without a runner; enqueueing it again", turn_id)
+                self.enqueue_turn(turn_id)
+                found.append(turn_id)
+        return found
+
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        next_full = time.monotonic() + self.interval_s
+        while not self._stop.wait(self.orphans_s):
             try:
-                self.sweep()
+                if time.monotonic() >= next_full:
+                    next_full = time.monotonic() + self.interval_s
+                    self.sweep()
+                else:
+                    self.sweep_orphans()
             except Exception:  # SQL or Redis away for a moment: try again next round
                 log.warning("turn reconciler pass failed", exc_info=True)
 

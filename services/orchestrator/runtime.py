@@ -12,6 +12,7 @@ import redis
 from signalbox.services.orchestrator.approvals import ApprovalFeed
 from signalbox.services.orchestrator.dispatch import Dispatcher
 from signalbox.services.orchestrator.hooks import Hooks
+from signalbox.services.orchestrator.metrics import TOOLS
 from signalbox.services.orchestrator.model import Model
 from signalbox.services.orchestrator.policy import ToolPolicy
 from signalbox.services.orchestrator.pricing import PriceTable
@@ -71,5 +72,7 @@ class Runtime:
         return admitted
 
     def catalogue(self) -> dict[str, ToolSpec]:
-        """The tools live workers serve right now."""
-        return read_catalogue(self.redis, self.keys)
+        """The tools live workers serve right now (their names become metric labels)."""
+        found = read_catalogue(self.redis, self.keys)
+        TOOLS.allow(found)
+        return found

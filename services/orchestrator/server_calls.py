@@ -3,7 +3,10 @@
 Each worker reports on the turn's result stream (``keys.tool_results``); the runner reads it
 with ``XREAD`` and its own deadline per call (its time limit plus ``tool_grace_s``), so a
 call ends ``ok``/``error``/``timeout`` with the worker's report, or ``lost`` when none came.
-An idempotent call whose worker vanished is sent again instead (``MAX_IDEMPOTENT_ATTEMPTS``).
+A call that started (its claim is set) and whose worker stopped renewing its heartbeat
+(``services/tools/heartbeat.py``) for ``tool_heartbeat_grace_s`` is ``lost`` at once, not at
+its deadline: its worker died. An idempotent call whose worker vanished is sent again
+instead (``MAX_IDEMPOTENT_ATTEMPTS``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ log = logging.getLogger(__name__)
 
 MAX_IDEMPOTENT_ATTEMPTS = 3  # an idempotent call whose worker vanished is sent twice more
 RESULTS_PER_READ = 64
+HEARTBEAT_CHECK_S = 0.5  # how often the heartbeats of started calls are read while waiting
 
 
 def dispatch(runner: TurnRunner, pending: Sequence[ToolCall]) -> None:
@@ -106,35 +110,91 @@ def gather(
         return as_utc(c.started_at or store.utcnow()).timestamp() + c.timeout_s + grace_s
 
     deadline = {c.id: deadline_of(c) for c in running}
+    beats = Heartbeats(runner, [c.id for c in running if c.attempts > 1])
     key = runner.rt.keys.tool_results(runner.info.turn_id)
     last_id = "0-0"
     while not settled():
         runner.lease.check()
         if runner.cancelled():
             return "cancelled"
+        # Heartbeats first, results next: a worker publishes its result before its
+        # heartbeat stops, so a call found silent here and without a result below is dead.
+        dead = beats.dead(waiting)
         # What already arrived counts before any deadline is judged: a resumed runner,
         # or one back from a long sub-agent, must not call a delivered result lost.
         last_id = _take_results(runner, key, last_id, waiting, block_ms=None)
         now = time.time()
-        for call_id in [cid for cid in waiting if deadline[cid] <= now]:
+        for call_id in [cid for cid in waiting if deadline[cid] <= now or cid in dead]:
             retried = retry(runner, waiting[call_id])
             if retried is not None:
                 waiting[call_id] = retried
                 deadline[call_id] = deadline_of(retried)
+                beats.retried(call_id)
                 continue
             call = waiting.pop(call_id)
+            if call_id in dead:
+                why = (
+                    f"its tool worker stopped while running it (no heartbeat for "
+                    f"{beats.grace_s:g} s)"
+                )
+            else:
+                why = f"no result within {call.timeout_s:g} s + {grace_s:g} s grace"
             runner.record(
                 call,
                 "lost",
                 "",
-                f"no result within {call.timeout_s:g} s + {grace_s:g} s grace: the tool "
-                "worker vanished; the call may or may not have taken effect",
+                f"{why}: the tool worker vanished; the call may or may not have taken effect",
             )
         if settled():
             break
         wait_s = min(max(min(deadline[c] for c in waiting) - now, 0.001), runner.rt.poll_s)
         last_id = _take_results(runner, key, last_id, waiting, max(1, int(wait_s * 1000)))
     return None
+
+
+class Heartbeats:
+    """Which started calls' workers stopped renewing their heartbeat, for how long.
+
+    A call counts once it started (its claim key is set by the worker that took it). One
+    sent again (``retry``, or a resumed runner's call on a later attempt) counts only once
+    its heartbeat was seen again: until a worker takes it, the old claim is all there is.
+    """
+
+    def __init__(self, runner: TurnRunner, unseen: Sequence[str]) -> None:
+        self.client = runner.rt.redis
+        self.keys = runner.rt.keys
+        self.grace_s = runner.rt.settings.tool_heartbeat_grace_s
+        self.unseen = set(unseen)
+        self.silent_since: dict[str, float] = {}
+        self.next_check = 0.0
+
+    def retried(self, call_id: str) -> None:
+        """``call_id`` was sent again: judge it only once a worker runs it."""
+        self.unseen.add(call_id)
+        self.silent_since.pop(call_id, None)
+
+    def dead(self, waiting: dict[str, ToolCall]) -> set[str]:
+        """The waiting calls silent for ``grace_s`` (read every ``HEARTBEAT_CHECK_S``)."""
+        now = time.monotonic()
+        if self.grace_s <= 0 or not waiting or now < self.next_check:
+            return set()
+        self.next_check = now + HEARTBEAT_CHECK_S
+        ids = list(waiting)
+        pipe = self.client.pipeline(transaction=False)
+        for call_id in ids:
+            pipe.exists(self.keys.call_claim(call_id))
+            pipe.exists(self.keys.call_alive(call_id))
+        found: list[Any] = pipe.execute()
+        dead = set()
+        for call_id, claimed, alive in zip(ids, found[0::2], found[1::2], strict=True):
+            if alive:
+                self.unseen.discard(call_id)
+            if alive or not claimed or call_id in self.unseen:
+                self.silent_since.pop(call_id, None)
+                continue
+            if now - self.silent_since.setdefault(call_id, now) >= self.grace_s:
+                dead.add(call_id)
+        return dead
 
 
 def _take_results(

@@ -25,6 +25,7 @@ from signalbox.shared.db.models import (
     Proposal,
     ToolCall,
     Turn,
+    User,
     as_utc,
 )
 from signalbox.shared.ids import new_id
@@ -178,6 +179,8 @@ class Opened:
     step: int
     started: bool
     deadline_at: datetime | None = None  # past it the turn ends timed_out
+    queued_s: float | None = None  # created → started, when it started it (metrics)
+    admin: bool = False  # whether its user is an admin (the metrics' user class)
 
 
 def open_turn(
@@ -199,6 +202,8 @@ def open_turn(
         if timeout_s is not None:
             deadline = turn.deadline_at = turn.started_at + timedelta(seconds=timeout_s)
         turn.model = model
+        queued_s = max(0.0, (turn.started_at - as_utc(turn.created_at)).total_seconds())
+        user = s.get(User, turn.user_id)
         s.add(
             Message(
                 id=new_id("msg"),
@@ -210,7 +215,15 @@ def open_turn(
                 content=[{"type": "text", "text": turn.text}],
             )
         )
-        return Opened(found.status, found.cancel_requested, found.step, True, deadline)
+        return Opened(
+            found.status,
+            found.cancel_requested,
+            found.step,
+            True,
+            deadline,
+            queued_s,
+            bool(user and user.is_admin),
+        )
 
 
 def set_turn_status(sessions: Sessions, turn_id: str, status: str, *, only_from: str) -> bool:

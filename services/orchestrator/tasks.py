@@ -95,13 +95,14 @@ _reconciler: Reconciler | None = None
 def _start_background(**_: Any) -> None:
     global _reconciler
     rt = runtime()
-    # Sweeping once per lease period: an orphan's lease has expired by then at the latest.
+    # Orphans (a dead runner's turn) every orphan_sweep_s, the rest every reconcile_s.
     _reconciler = Reconciler(
         rt.sessions,
         rt.redis,
         rt.keys,
         rt.enqueue_turn,
-        settings.lease_s,
+        settings.reconcile_s,
+        orphans_s=settings.orphan_sweep_s,
         admit=rt.admit_waiting_turns,
     )
     _reconciler.start()

@@ -34,6 +34,7 @@ from signalbox.services.orchestrator import (
     budget,
     faults,
     hooks,
+    metrics,
     model_step,
     own_calls,
     plans,
@@ -117,6 +118,7 @@ class TurnRunner:
         """Announce a call that reached its final status (``waited_ms``: for a decision)."""
         if waited_ms is None:
             waited_ms = call.waited_ms if isinstance(call, store.EndedCall) else 0
+        metrics.tool_call_finished(call.tool, call.status, call.duration_ms)
         self.emit(
             "tool_call_finished",
             tool_call_finished(
@@ -185,15 +187,17 @@ class TurnRunner:
             if turn.cancel_requested:
                 return self.finish(TurnState.CANCELLED)
             if turn.started:
+                metrics.turn_started(turn)
                 self.emit("turn_started", {"model": self.rt.model.name})
                 try:
                     self.rt.hooks.turn_started(hooks.context(self))
                 except hooks.HookFailed as exc:
                     return self.finish(TurnState.FAILED, error=str(exc))
         elif turn.status == TurnState.PARKED:
-            store.set_turn_status(
+            if store.set_turn_status(
                 self.rt.sessions, self.info.turn_id, TurnState.RUNNING, only_from=TurnState.PARKED
-            )
+            ):
+                metrics.turn_unparked(self.rt, self.info.turn_id)
         else:
             self.emit("turn_resumed", {"step": turn.step})
         self.cancel.start()  # before _loop reads the SQL cancel flag (see CancelWatch.start)
@@ -284,9 +288,10 @@ class TurnRunner:
         if any(store.unresolved(c, now) for c in self.open_calls()):
             # No worker slot is held while someone decides or answers; that (or an expiry
             # the reconciler sees) enqueues the turn again.
-            store.set_turn_status(
+            if store.set_turn_status(
                 self.rt.sessions, self.info.turn_id, TurnState.PARKED, only_from=TurnState.RUNNING
-            )
+            ):
+                metrics.turn_parked(self.rt, self.info.turn_id)
             return TurnState.PARKED
         return None
 
@@ -340,6 +345,7 @@ class TurnRunner:
             usage_to=self.root_turn_id if self.child else None,  # the parent pays for its child
         )
         if turn is not None:
+            metrics.TURNS_FINISHED.labels(status).inc()
             turn_usage = usage.turn_usage(self.rt.sessions, turn)
             self.emit("turn_finished", turn_finished(status, turn.step, turn_usage, error))
             self.rt.hooks.turn_finished(hooks.context(self), status)

@@ -8,6 +8,7 @@ from signalbox.services.orchestrator.hooks import load_hooks
 from signalbox.services.orchestrator.policy import load_policy
 from signalbox.shared.celery_app import make_celery
 from signalbox.shared.log_config import celery_logging
+from signalbox.shared.metrics import serve_worker_metrics
 from signalbox.shared.settings import OrchestratorSettings, load
 
 settings = load(OrchestratorSettings)
@@ -17,3 +18,4 @@ hooks = load_hooks(settings.hook_modules)  # likewise a hook that does not load
 app = make_celery(
     "signalbox-orchestrator", settings, include=["signalbox.services.orchestrator.tasks"]
 )
+serve_worker_metrics(app, settings)  # on SIGNALBOX_METRICS_PORT, when set

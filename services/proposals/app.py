@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from signalbox.services.proposals import outbox, recovery
+from signalbox.services.proposals import metrics, outbox, recovery
 from signalbox.services.proposals.context import ServiceContext
 from signalbox.services.proposals.errors import ProposalError
 from signalbox.services.proposals.routes import router
@@ -67,8 +67,10 @@ def create_app(settings: ProposalsSettings | None = None) -> FastAPI:
 
     app = FastAPI(title="Signalbox proposals", lifespan=lifespan)
     app.state.context = ctx
+    app.state.metrics = metrics.ProposalsMetrics(ctx.sessions)
     app.add_exception_handler(ProposalError, _proposal_error)
     app.include_router(router)
+    app.include_router(metrics.router)
     app.add_middleware(
         BodyLimit,
         max_bytes=settings.proposals_max_body_bytes,

@@ -7,6 +7,7 @@ from typing import TypeVar
 
 from sqlalchemy.orm import Session
 
+from signalbox.services.scheduler import metrics
 from signalbox.services.scheduler.entries import sync_alarm as store_alarm
 from signalbox.services.scheduler.entries import sync_schedule as store_schedule
 from signalbox.services.scheduler.state import scheduler_state
@@ -22,20 +23,24 @@ RowT = TypeVar("RowT", Schedule, Alarm)
 def tick(schedule_id: str, tick_at: str) -> str:
     """One beat tick of a schedule."""
     state = scheduler_state()
+    due = datetime.fromisoformat(tick_at)
+    metrics.tick_started(due)
 
     def resync(row: Schedule | None) -> None:
         store_schedule(app, row, schedule_id, datetime.now(UTC))
 
-    return run_schedule_tick(
-        state.sessions, state.events, app, schedule_id, datetime.fromisoformat(tick_at), resync
-    )
+    outcome = run_schedule_tick(state.sessions, state.events, app, schedule_id, due, resync)
+    metrics.SCHEDULE_TICKS.labels(outcome).inc()
+    return outcome
 
 
 @app.task(name="scheduler.alarm")
 def alarm(alarm_id: str, tick_at: str | None = None) -> str:
     """An alarm's time has come."""
     state = scheduler_state()
-    return fire_alarm(state.sessions, state.events, app, alarm_id)
+    outcome = fire_alarm(state.sessions, state.events, app, alarm_id)
+    metrics.ALARMS.labels(outcome).inc()
+    return outcome
 
 
 def _load(model: type[RowT], row_id: str) -> RowT | None:

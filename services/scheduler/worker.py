@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from signalbox.shared.celery_app import SCHEDULER_QUEUE, make_celery
 from signalbox.shared.log_config import celery_logging
+from signalbox.shared.metrics import serve_worker_metrics
 from signalbox.shared.settings import CommonSettings, load
 
 # The beat wakes at least this often: a one-second interval is kept to the second, and a
@@ -25,3 +26,4 @@ app.conf.update(
     redbeat_key_prefix=f"{settings.redis_prefix}redbeat:",
     redbeat_lock_timeout=BEAT_LOCK_TIMEOUT_S,
 )
+serve_worker_metrics(app, settings)  # on SIGNALBOX_METRICS_PORT, when set

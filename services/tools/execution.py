@@ -2,15 +2,15 @@
 
 Everything here is plain Python, testable without a broker; ``tasks.run_tool`` only calls
 ``run_call``. A call always ends in a published result (ok, error or timeout), except a
-redelivered call of a non-idempotent tool, which is skipped because it already ran.
+redelivered call of a non-idempotent tool, which is skipped because it already ran. A
+publish that meets a Redis blip is retried (``publishing.py``); while the call runs, the
+worker's main process keeps its heartbeat alive (``heartbeat.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
-import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,6 +22,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import ValidationError
 
 from signalbox.services.tools.proposals_client import make_client
+from signalbox.services.tools.publishing import publish_retrying
 from signalbox.services.tools.registry import (
     Registry,
     ToolContext,
@@ -31,13 +32,12 @@ from signalbox.services.tools.registry import (
 )
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import ToolsSettings
-from signalbox.shared.tool_contract import ToolCallRequest, ToolResult, publish_result
+from signalbox.shared.tool_contract import ToolCallRequest, ToolResult, claim_call
 from signalbox.shared.workspace_paths import PathOutsideWorkspace, workspace_dir
 
 log = logging.getLogger(__name__)
 
 OUTPUT_MAX_BYTES = 64 * 1024  # more than a model can use in one tool_result
-CLAIM_TTL_S = 24 * 3600  # longer than any redelivery (the visibility timeout is 1 h)
 INPUT_PREVIEW_CHARS = 200  # how much of a bad input value an error message repeats
 
 
@@ -144,14 +144,20 @@ def execute(request: ToolCallRequest, context: ToolContext, registry: Registry) 
     )
 
 
-def claim(client: redis.Redis, keys: RedisKeys, call_id: str) -> bool:
-    """True for the first claim of ``call_id``; False when some delivery already took it.
+def claim(deps: Deps, call_id: str, idempotent: bool) -> bool:
+    """True for the first claim of ``call_id``; False when some delivery already took it
+    (an idempotent call runs again all the same, and takes the claim over).
 
-    The value names who took it (``host:pid`` of the pool process), for operators and for
-    chaos tests that kill the worker running a given call.
+    The value names who runs it (``host:pid`` of the pool process): the main process renews
+    the call's heartbeat while that process runs it, and operators and chaos tests read it.
     """
-    holder = f"{socket.gethostname()}:{os.getpid()}"
-    return bool(client.set(keys.call_claim(call_id), holder, nx=True, ex=CLAIM_TTL_S))
+    ttl_s = deps.settings.call_heartbeat_ttl_s
+    return claim_call(deps.redis, deps.keys, call_id, ttl_s, rerun=idempotent)
+
+
+def publish(deps: Deps, turn_id: str, result: ToolResult) -> None:
+    """Put ``result`` on its turn's result stream, riding out a Redis blip."""
+    publish_retrying(deps.redis, deps.keys, turn_id, result, deps.settings.result_publish_retry_s)
 
 
 def _bad_request(raw: Mapping[str, Any], exc: ValidationError, deps: Deps) -> ToolResult | None:
@@ -161,7 +167,7 @@ def _bad_request(raw: Mapping[str, Any], exc: ValidationError, deps: Deps) -> To
     if not (isinstance(call_id, str) and isinstance(turn_id, str)):
         return None  # nowhere to report it; the orchestrator's deadline calls it lost
     result = ToolResult(call_id=call_id, status="error", error=message)
-    publish_result(deps.redis, deps.keys, turn_id, result)
+    publish(deps, turn_id, result)
     return result
 
 
@@ -181,7 +187,7 @@ def report_killed(raw: Mapping[str, Any], deps: Deps, limit_s: float) -> ToolRes
         error=f"{request.tool} was stopped at its hard time limit of {limit_s:g} s",
         duration_ms=int(limit_s * 1000),
     )
-    publish_result(deps.redis, deps.keys, request.turn_id, result)
+    publish(deps, request.turn_id, result)
     return result
 
 
@@ -201,7 +207,7 @@ def report_stopped(raw: Mapping[str, Any], deps: Deps) -> ToolResult | None:
             "worker is stopping); it may or may not have taken effect"
         ),
     )
-    publish_result(deps.redis, deps.keys, request.turn_id, result)
+    publish(deps, request.turn_id, result)
     return result
 
 
@@ -213,7 +219,7 @@ def run_call(raw: Mapping[str, Any], deps: Deps) -> ToolResult | None:
         return _bad_request(raw, exc, deps)
     tool = deps.registry.get(request.tool)
     idempotent = tool is not None and tool.spec.idempotent
-    if not claim(deps.redis, deps.keys, request.call_id) and not idempotent:
+    if not claim(deps, request.call_id, idempotent) and not idempotent:
         log.warning(
             "call %s (%s) was already claimed; not run again", request.call_id, request.tool
         )
@@ -224,5 +230,5 @@ def run_call(raw: Mapping[str, Any], deps: Deps) -> ToolResult | None:
         result = ToolResult(call_id=request.call_id, status="error", error=str(exc))
     else:
         result = execute(request, context, deps.registry)
-    publish_result(deps.redis, deps.keys, request.turn_id, result)
+    publish(deps, request.turn_id, result)
     return result

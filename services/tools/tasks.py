@@ -13,6 +13,7 @@ from celery.signals import worker_process_init, worker_ready
 
 from signalbox.services.tools import termination
 from signalbox.services.tools.execution import Deps, report_killed, report_stopped, run_call
+from signalbox.services.tools.metrics import run_metrics
 from signalbox.services.tools.worker import app, registry, settings
 from signalbox.shared.call_cancel import checker_client, is_cancelled
 from signalbox.shared.celery_app import RUN_TOOL_TASK
@@ -53,7 +54,14 @@ class ToolTask(Task):  # type: ignore[type-arg]
         """Called in the main process after a hard time-limit kill, and in a child otherwise."""
         if isinstance(exc, TimeLimitExceeded) and isinstance(kwargs, dict):
             limit = exc.args[0] if exc.args and isinstance(exc.args[0], int | float) else 0.0
-            report_killed(kwargs.get("request", {}), deps(), float(limit))
+            request = kwargs.get("request", {})
+            report_killed(request, deps(), float(limit))
+            run_metrics(registry).ran(_tool(request), "killed", int(limit * 1000))
+
+
+def _tool(request: Any) -> str:
+    tool = request.get("tool") if isinstance(request, dict) else None
+    return tool if isinstance(tool, str) else ""
 
 
 @app.task(name=RUN_TOOL_TASK, base=ToolTask)
@@ -62,6 +70,8 @@ def run_tool(request: dict[str, Any]) -> str:
     redelivery, or "terminated" when its turn's cancel stopped it (``termination``)."""
     # Until the task ends (task_postrun clears it), Celery's own line about it included.
     bind_log_context(**{field: _text(request.get(field)) for field in CONTEXT_FIELDS})
+    metrics = run_metrics(registry)
+    metrics.running.inc()
     try:
         call_id = request.get("call_id")
         with termination.running_call(call_id if isinstance(call_id, str) else ""):
@@ -70,11 +80,18 @@ def run_tool(request: dict[str, Any]) -> str:
         if not termination.stopped(exc):
             raise
         report_stopped(request, deps())
+        metrics.ran(_tool(request), "terminated")
         return "terminated"  # acknowledged: a stopped call is not delivered again
-    if result is not None:
-        tool = request.get("tool")
-        log.info("call %s: %s %s in %d ms", result.call_id, tool, result.status, result.duration_ms)
-    return "skipped" if result is None else result.status
+    finally:
+        metrics.running.dec()
+    if result is None:
+        metrics.ran(_tool(request), "skipped")
+        return "skipped"
+    log.info(
+        "call %s: %s %s in %d ms", result.call_id, _tool(request), result.status, result.duration_ms
+    )
+    metrics.ran(_tool(request), result.status, result.duration_ms)
+    return result.status
 
 
 def _text(value: Any) -> str | None:

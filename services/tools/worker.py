@@ -21,9 +21,11 @@ import redis
 from celery.signals import worker_init, worker_ready, worker_shutdown
 
 from signalbox.services.tools.catalogue import CatalogueRefresher, served, worker_tools
+from signalbox.services.tools.heartbeat import CallHeartbeat
 from signalbox.services.tools.sandbox import protect_worker, unavailable
 from signalbox.shared.celery_app import SANDBOX_QUEUE, make_celery
 from signalbox.shared.log_config import celery_logging
+from signalbox.shared.metrics import serve_worker_metrics
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import ToolsSettings, load
 
@@ -34,8 +36,16 @@ settings = load(ToolsSettings)
 celery_logging("tools", settings.log_level, settings.log_format)
 app = make_celery("signalbox-tools", settings, include=["signalbox.services.tools.tasks"])
 registry = worker_tools(settings)
+# Prefork: the pool children's runs are summed from files (prometheus_client multiprocess).
+serve_worker_metrics(
+    app,
+    settings,
+    queues=[*settings.tool_queues.values(), *(s.queue for s in settings.mcp_servers.values())],
+    multiprocess_pool=True,
+)
 
 _refresher: CatalogueRefresher | None = None
+_heartbeat: CallHeartbeat | None = None
 
 
 def _consumed_queues(consumer: Any) -> list[str] | None:
@@ -78,7 +88,22 @@ def _announce(sender: Any, **_: Any) -> None:
     _refresher.start()
 
 
+@worker_ready.connect
+def _start_heartbeat(**_: Any) -> None:
+    # In the main process: it outlives a pool process that dies, and runs no tool code.
+    global _heartbeat
+    _heartbeat = CallHeartbeat(
+        client=redis.Redis.from_url(settings.redis_url),
+        keys=RedisKeys(settings.redis_prefix),
+        interval_s=settings.call_heartbeat_s,
+        ttl_s=settings.call_heartbeat_ttl_s,
+    )
+    _heartbeat.start()
+
+
 @worker_shutdown.connect
 def _withdraw(**_: Any) -> None:
     if _refresher is not None:
         _refresher.stop()
+    if _heartbeat is not None:
+        _heartbeat.stop()

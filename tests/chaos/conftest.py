@@ -186,6 +186,7 @@ def chaos(tmp_path_factory: pytest.TempPathFactory, internal_token: str) -> Iter
             "ANTHROPIC_BASE_URL": fake.url,
             "SIGNALBOX_TEST_TOOLS": "1",
             "SIGNALBOX_LEASE_S": str(LEASE_S),
+            "SIGNALBOX_RECONCILE_S": str(LEASE_S),  # parked and stale queued turns too
             "SIGNALBOX_TOOL_GRACE_S": str(GRACE_S),
             "SIGNALBOX_VISIBILITY_TIMEOUT_S": str(VISIBILITY_TIMEOUT_S),
             "SIGNALBOX_MAX_TURN_DELIVERIES": str(MAX_TURN_DELIVERIES),

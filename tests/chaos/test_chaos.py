@@ -277,8 +277,9 @@ def test_a_tools_worker_killed_mid_call(chaos: Chaos, user: Client) -> None:
     lost = finished["count_calls"]
     assert lost["status"] == "lost", lost
     assert _count(chaos, once) == 1, "a non-idempotent call is never run twice"
-    limit_ms = (TOOL_LIMIT_S + GRACE_S) * 1000
-    assert limit_ms * 0.9 <= lost["duration_ms"] < limit_ms + 3000
+    # Ended by its heartbeat (tests/chaos/test_failure_detection.py), at the latest by its
+    # deadline.
+    assert lost["duration_ms"] < (TOOL_LIMIT_S + GRACE_S) * 1000 + 3000
     final = json.dumps(_requests_with(chaos, marker)[-1]["messages"][-1])
     assert "may or may not have taken effect" in final, "the model is told what lost means"
     assert chaos.fake.violations == []

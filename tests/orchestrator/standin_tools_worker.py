@@ -1,7 +1,7 @@
 """A stand-in tools worker for the orchestrator's process tests (the real one lives in
 services/tools and has its own tests). It serves ``tools.run_tool`` with the same contract:
-claims the call, publishes a ``ToolResult`` on the turn's result stream, announces its
-catalogue when ready and withdraws it at shutdown.
+claims the call, keeps its heartbeat while it runs, publishes a ``ToolResult`` on the
+turn's result stream, announces its catalogue when ready and withdraws it at shutdown.
 
 A test can hold every call of a turn open: set ``gate_key(keys, turn_id)`` before the turn,
 then push one item per call onto ``latch_key(keys, turn_id)`` to let them finish.
@@ -18,6 +18,7 @@ from typing import Any
 import redis
 from celery.signals import worker_ready, worker_shutdown
 
+from signalbox.services.tools.heartbeat import CallHeartbeat
 from signalbox.shared.celery_app import RUN_TOOL_TASK, make_celery
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import CommonSettings, load
@@ -25,6 +26,7 @@ from signalbox.shared.tool_contract import (
     ToolCallRequest,
     ToolResult,
     ToolSpec,
+    claim_call,
     publish_catalogue,
     publish_result,
     withdraw_catalogue,
@@ -32,6 +34,7 @@ from signalbox.shared.tool_contract import (
 
 LATCH_TIMEOUT_S = 20  # a forgotten latch must not hang the suite
 CATALOGUE_TTL_S = 300
+HEARTBEAT_S, HEARTBEAT_TTL_S = 0.5, 2.0  # the real worker's defaults
 
 settings = load(CommonSettings)
 keys = RedisKeys(settings.redis_prefix)
@@ -87,8 +90,9 @@ def run_tool(request: dict[str, Any]) -> str:
     req = ToolCallRequest.model_validate(request)
     r = client()
     spec = SPECS.get(req.tool)
-    claimed = r.set(keys.call_claim(req.call_id), "1", nx=True, ex=86400)
-    if not claimed and (spec is None or not spec.idempotent):
+    idempotent = spec is not None and spec.idempotent
+    claimed = claim_call(r, keys, req.call_id, HEARTBEAT_TTL_S, rerun=idempotent)
+    if not claimed and not idempotent:
         return "skipped"
     started = time.monotonic()
     result = ToolResult(call_id=req.call_id, status="error", error="the stand-in tool failed")
@@ -112,6 +116,7 @@ def run_tool(request: dict[str, Any]) -> str:
 @worker_ready.connect
 def _announce(sender: Any, **_: Any) -> None:
     publish_catalogue(client(), keys, str(sender.hostname), list(SPECS.values()), CATALOGUE_TTL_S)
+    CallHeartbeat(client(), keys, HEARTBEAT_S, HEARTBEAT_TTL_S).start()
 
 
 @worker_shutdown.connect
