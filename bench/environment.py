@@ -105,6 +105,7 @@ class BenchEnv:
                 "SIGNALBOX_RATE_LIMIT_PER_MINUTE": "100000000",
                 "SIGNALBOX_RATE_LIMIT_TURNS": "100000000/minute",
                 "SIGNALBOX_RATE_LIMIT_DECISIONS": "100000000/minute",
+                "SIGNALBOX_RATE_LIMIT_WRITES": "100000000/minute",  # conversations (fairness)
                 "PYTHONPATH": str(REPO),
             },
         )

@@ -23,6 +23,10 @@ class RedisKeys:
         """Set by the first tool worker that starts a call; a redelivery sees it."""
         return f"{self.prefix}claim:call:{call_id}"
 
+    def user_tool_slots(self, user_id: str) -> str:
+        """The tool calls of one user in flight (services/orchestrator/tool_slots.py)."""
+        return f"{self.prefix}slots:tools:{user_id}"
+
     def call_alive(self, call_id: str) -> str:
         """Renewed (short TTL) by the tool worker whose pool process runs the call right now."""
         return f"{self.prefix}alive:call:{call_id}"

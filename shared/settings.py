@@ -157,6 +157,9 @@ class OrchestratorSettings(CommonSettings):
     orphan_sweep_s: float = Field(default=0.5, gt=0)
     reconcile_s: float = Field(default=30.0, gt=0)
     tool_heartbeat_grace_s: float = Field(default=1.0, ge=0)
+    # Tool calls of one user in flight at once, over all their turns (tool_slots.py); a
+    # call past it waits, pending, until one of the user's calls ends. 0: no limit.
+    max_tool_calls_per_user: int = Field(default=0, ge=0)
     # A turn whose runner died this many times in a row (a poison message: each delivery
     # kills its worker) is failed on the next delivery instead of run again.
     max_turn_deliveries: int = Field(default=3, ge=1)

@@ -18,6 +18,7 @@ from signalbox.services.orchestrator.policy import ToolPolicy
 from signalbox.services.orchestrator.pricing import PriceTable
 from signalbox.services.orchestrator.store import Sessions, utcnow
 from signalbox.services.orchestrator.token_count import TokenCounter
+from signalbox.services.orchestrator.tool_slots import ToolSlots
 from signalbox.shared.admission import Limits, admit
 from signalbox.shared.event_stream import EventStream
 from signalbox.shared.redis_keys import RedisKeys
@@ -54,6 +55,8 @@ class Runtime:
     # Asks the scheduler to load an alarm the ``alarm`` tool stored (alarms.py); the
     # scheduler's start-up sync loads any whose message was lost.
     sync_alarm: Callable[[str], object] = lambda _alarm_id: None
+    # The per-user limit on tool calls in flight (tool_slots.py); None: no limit.
+    tool_slots: ToolSlots | None = None
 
     @property
     def events(self) -> EventStream:

@@ -33,13 +33,16 @@ RESULTS_PER_READ = 64
 HEARTBEAT_CHECK_S = 0.5  # how often the heartbeats of started calls are read while waiting
 
 
-def dispatch(runner: TurnRunner, pending: Sequence[ToolCall]) -> None:
-    """Send the step's calls in one batch, then mark them running and announce them.
+def dispatch(runner: TurnRunner, pending: Sequence[ToolCall], limited: bool = False) -> int:
+    """Send the step's calls in one batch, then mark them running and announce them;
+    returns how many were held back.
 
     Sent before marked: if this runner dies in between, the next one finds the calls
     still pending and sends them again; the tool worker's claim on the call id skips
     the duplicate, and the first run's result is on the results stream all the same.
     (Marked first, a death in between would leave calls that were never sent, lost.)
+    ``limited``: only the calls that get one of their user's slots (``tool_slots.py``) go;
+    the rest stay pending, for the runner to send as slots free.
     """
     catalogue = runner.rt.catalogue()
     runner.specs.update(catalogue)
@@ -47,9 +50,20 @@ def dispatch(runner: TurnRunner, pending: Sequence[ToolCall]) -> None:
         if call.tool not in catalogue:
             runner.record(call, "error", "", f"no live tool worker serves {call.tool!r} now")
     sendable = sorted((c for c in pending if c.tool in catalogue), key=lambda c: c.position)
-    runner.rt.dispatcher.send([(call_request(runner, c), catalogue[c.tool]) for c in sendable])
+    held = 0
+    slots = runner.rt.tool_slots
+    if limited and slots is not None and sendable:
+        grace_s, now = runner.rt.settings.tool_grace_s, time.time()
+        granted = slots.take(
+            runner.info.user_id, [(c.id, now + c.timeout_s + grace_s) for c in sendable]
+        )
+        held = sum(1 for c in sendable if c.id not in granted)
+        sendable = [c for c in sendable if c.id in granted]
+    if sendable:
+        runner.rt.dispatcher.send([(call_request(runner, c), catalogue[c.tool]) for c in sendable])
     for call in store.mark_running(runner.rt.sessions, [c.id for c in sendable]):
         runner.emit("tool_call_started", tool_call_started(call))
+    return held
 
 
 def call_request(runner: TurnRunner, call: ToolCall) -> ToolCallRequest:

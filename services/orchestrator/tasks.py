@@ -23,6 +23,7 @@ from signalbox.services.orchestrator.model import Model
 from signalbox.services.orchestrator.pricing import PriceTable
 from signalbox.services.orchestrator.recovery import Reconciler
 from signalbox.services.orchestrator.token_count import ApiTokenCounter, TokenCounter
+from signalbox.services.orchestrator.tool_slots import ToolSlots
 from signalbox.services.orchestrator.worker import app, hooks, policy, settings
 from signalbox.shared.celery_app import RUN_TURN_TASK, SCHEDULER_QUEUE, SYNC_ALARM_TASK
 from signalbox.shared.db import make_engine, make_session_factory
@@ -79,6 +80,11 @@ def _runtime() -> Runtime:
         prices=PriceTable.load(settings.price_file),
         tokens=make_counter(settings, model),
         hooks=hooks,
+        tool_slots=(
+            ToolSlots(client, keys, settings.max_tool_calls_per_user)
+            if settings.max_tool_calls_per_user
+            else None
+        ),
     )
 
 

@@ -119,6 +119,8 @@ class TurnRunner:
         if waited_ms is None:
             waited_ms = call.waited_ms if isinstance(call, store.EndedCall) else 0
         metrics.tool_call_finished(call.tool, call.status, call.duration_ms)
+        if self.rt.tool_slots is not None:
+            self.rt.tool_slots.give_back(self.info.user_id, [call.id])
         self.emit(
             "tool_call_finished",
             tool_call_finished(
@@ -264,8 +266,7 @@ class TurnRunner:
                 self._maybe_expire_waiting(call)
         pending = [c for c in self.open_calls() if c.status == CallState.PENDING]
         server = [c for c in pending if c.executor == SERVER]
-        if server:
-            server_calls.dispatch(self, server)
+        held = server_calls.dispatch(self, server, limited=True) if server else 0
         for call in pending:
             if call.executor == CLIENT:
                 own_calls.offer_to_client(self, call)
@@ -282,8 +283,14 @@ class TurnRunner:
                 return self.finish(TurnState.CANCELLED)
         # A plan's steps are gathered by the plan (plans.py), with its dependents after them.
         workers = [c for c in running if c.executor == SERVER and c.plan_call_id is None]
-        if workers and server_calls.gather(self, workers) == "cancelled":
+        # Calls held back for their user's limit go out as this turn's own calls end (the
+        # first to end is enough), or as other turns' do (a short wait, then try again).
+        if workers and server_calls.gather(self, workers, until_first=held > 0) == "cancelled":
             return self.finish(TurnState.CANCELLED)
+        if held and not workers:
+            if self._wait_for_tool_slots():
+                return self.finish(TurnState.CANCELLED)
+            return None
         now = store.utcnow()
         if any(store.unresolved(c, now) for c in self.open_calls()):
             # No worker slot is held while someone decides or answers; that (or an expiry
@@ -294,6 +301,17 @@ class TurnRunner:
                 metrics.turn_parked(self.rt, self.info.turn_id)
             return TurnState.PARKED
         return None
+
+    def _wait_for_tool_slots(self) -> bool:
+        """Wait a moment for another turn of this user to free a tool slot (its calls end
+        in other processes: polled, like results); True if the turn was cancelled."""
+        deadline = time.monotonic() + self.rt.poll_s
+        while time.monotonic() < deadline:
+            self.lease.check()
+            if self.cancelled():
+                return True
+            time.sleep(min(0.05, self.rt.poll_s))
+        return False
 
     def _decided_or_expired(self, call: ToolCall) -> None:
         decided = store.apply_decision(self.rt.sessions, call.id)
