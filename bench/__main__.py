@@ -4,6 +4,7 @@ python -m bench                       # the whole suite (about 5 minutes on 2 co
 python -m bench --only relay,turn     # some of it; the page keeps the others' last figures
 python -m bench --quick --rounds 2    # tiny sizes, for the smoke test (no page)
 python -m bench --only load           # issue 7's load run: 200 conversations at once (~1 min)
+python -m bench --only tracing        # CPU per turn with traces on vs off (~5 min)
 python -m bench --profile             # also profile the services where a target is missed
 """
 
@@ -29,6 +30,7 @@ from bench import (
     report,
     tool_calls,
     tool_overhead,
+    tracing_cost,
     turns,
 )
 from bench.environment import BenchEnv
@@ -133,6 +135,12 @@ BENCHMARKS: dict[str, Benchmark] = {
         rounds=1,
         quick_rounds=1,
         profile={"gateway": GATEWAY_FOCUS, "orchestrator1": ORCHESTRATOR_FOCUS},
+    ),
+    # After load: it runs `turn` and `load` again, twice each (traces off, then on).
+    "tracing": Benchmark(
+        lambda env, o: tracing_cost.tracing(env, o.rounds, o.warmup, o.quick),
+        rounds=10,
+        quick_rounds=1,
     ),
 }
 

@@ -32,6 +32,7 @@ ORDER = [
     "throughput",
     "fairness",
     "load",
+    "tracing",
 ]
 
 

@@ -49,6 +49,7 @@ from signalbox.shared.body_limit import BodyLimit
 from signalbox.shared.file_modes import keep_new_files_private
 from signalbox.shared.log_config import configure_logging
 from signalbox.shared.settings import GatewaySettings, SettingsError, load
+from signalbox.shared.tracing import configure_tracing, fastapi_telemetry, shutdown_tracing
 
 # uvicorn's own protocol on the websockets library: its frame parser checks the length in
 # each frame header (and the running total of a fragmented or compressed message) against
@@ -75,7 +76,13 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             await gateway.aclose()
 
     # /docs and /redoc are served by ui.router from vendored assets (they work offline).
-    app = FastAPI(title="Signalbox gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="Signalbox gateway",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        telemetry=fastapi_telemetry(),  # its spans go nowhere unless tracing is configured
+    )
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
@@ -159,7 +166,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gateway: {exc}", file=sys.stderr)
         return 1
     configure_logging("gateway", settings.log_level, settings.log_format)
-    uvicorn.Server(server_config(create_app(settings), settings, args.host, args.port)).run()
+    configure_tracing("signalbox-gateway")  # before the app: its clients are instrumented
+    try:
+        uvicorn.Server(server_config(create_app(settings), settings, args.host, args.port)).run()
+    finally:
+        shutdown_tracing()
     return 0
 
 

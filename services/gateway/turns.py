@@ -35,6 +35,7 @@ from signalbox.shared.ids import new_id
 from signalbox.shared.log_context import log_context
 from signalbox.shared.protocol import ClientToolSpec
 from signalbox.shared.statuses import UNFINISHED_TURNS, TurnState
+from signalbox.shared.tracing import root_span, tracer
 
 log = logging.getLogger(__name__)
 
@@ -213,12 +214,48 @@ async def submit_turn(
     client_tools: list[dict[str, Any]] | None = None,
     agent: str | None = None,
     attachments: Sequence[str] | None = None,
+    new_trace: bool = False,
 ) -> SubmittedTurn:
     """Store a turn, announce it, enqueue it; a new conversation if ``conversation_id`` is None.
 
     ``agent``: the agent a new conversation is bound to; on a started one it must name the
     agent it is bound to (else ``Conflict``, nothing stored). A user whose token budget is
-    used up is refused ``BudgetExceeded`` before anything is stored."""
+    used up is refused ``BudgetExceeded`` before anything is stored.
+
+    Traced as ``user_turn``, under the HTTP request's span, or (``new_trace``: a WebSocket
+    frame, whose connection carries many turns) as a trace of its own linked to it."""
+    span = root_span("user_turn") if new_trace else tracer.start_as_current_span("user_turn")
+    with span as current:
+        current.set_attribute("signalbox.user.id", user_id)
+        submitted = await _submit_turn(
+            gateway,
+            user_id,
+            conversation_id=conversation_id,
+            text=text,
+            client_turn_id=client_turn_id,
+            workspace=workspace,
+            client_tools=client_tools,
+            agent=agent,
+            attachments=attachments,
+        )
+        current.set_attribute("signalbox.conversation.id", submitted.conversation_id)
+        current.set_attribute("signalbox.turn.id", submitted.turn_id)
+        current.set_attribute("signalbox.turn.created", submitted.created)
+        return submitted
+
+
+async def _submit_turn(
+    gateway: Gateway,
+    user_id: str,
+    *,
+    conversation_id: str | None,
+    text: str,
+    client_turn_id: str | None,
+    workspace: str | None,
+    client_tools: list[dict[str, Any]] | None,
+    agent: str | None,
+    attachments: Sequence[str] | None,
+) -> SubmittedTurn:
     await refuse_over_budget(gateway, user_id)
     if conversation_id is None:
         inserted, attached = await _stored(

@@ -343,6 +343,7 @@ class WsSession:
             client_tools=turns.client_tools_json(frame.client_tools),
             agent=frame.agent,
             attachments=frame.attachments,
+            new_trace=True,  # one trace per turn, not one per connection
         )
         ack = Ack(
             req=frame.req, conversation_id=submitted.conversation_id, turn_id=submitted.turn_id

@@ -184,6 +184,8 @@ class DemoModel:
         self._cache_ttl = cache_ttl
         self._cache = DemoPromptCache()
 
+    provider = "signalbox.demo"  # gen_ai.provider.name of its spans (spans.py)
+
     @property
     def name(self) -> str:
         """The name reported in ``turn_started``."""

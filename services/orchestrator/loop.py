@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import logging
 
-from signalbox.services.orchestrator import deliveries, store
+from opentelemetry.trace import Span
+
+from signalbox.services.orchestrator import deliveries, spans, store
 from signalbox.services.orchestrator.cancel_watch import CancelWatch
 from signalbox.services.orchestrator.lease import LeaseLost, TurnLease
 from signalbox.services.orchestrator.runtime import REDIS_DOWN, Runtime
 from signalbox.services.orchestrator.store import FINISHED_TURN_STATUSES, TurnInfo
 from signalbox.services.orchestrator.turn_runner import TurnRunner
-from signalbox.shared.log_context import bind_log_context
+from signalbox.shared.log_context import bind_log_context, log_context
 
 __all__ = ["Runtime", "TurnRunner", "run_turn"]
 
@@ -46,12 +48,22 @@ def run_turn(rt: Runtime, turn_id: str) -> str:
     of slots is taken: ``shared/admission.py``), ``leased`` (another runner has it),
     ``lease_lost``, ``redis_unavailable`` (left as SQL has it, for the reconciler to resume).
     A run whose turn kept killing its worker fails it instead (``deliveries.py``).
+    Traced as ``turn.run`` (``spans.py``).
     """
+    # The ids on its log lines end with the run (in a Celery task and called directly alike).
+    with spans.turn_run(turn_id) as span, log_context(turn_id=turn_id):
+        outcome = _run_turn(rt, turn_id, span)
+        span.set_attribute(spans.OUTCOME, outcome)
+        return outcome
+
+
+def _run_turn(rt: Runtime, turn_id: str, span: Span) -> str:
     info = store.load_turn(rt.sessions, turn_id)
     if info is None:
         log.warning("run_turn: no turn %r", turn_id)
         return "missing"
     bind_log_context(conversation_id=info.conversation_id, user_id=info.user_id)
+    span.set_attribute(spans.CONVERSATION_ID, info.conversation_id)
     if info.parent_call_id is not None:
         return "child"  # a spawn_agent child runs inside its parent's run, never alone
     if info.status in FINISHED_TURN_STATUSES:

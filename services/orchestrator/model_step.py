@@ -28,6 +28,7 @@ from signalbox.services.orchestrator import (
     metrics,
     plan_graph,
     planner,
+    spans,
     store,
     usage,
 )
@@ -218,42 +219,86 @@ def take_step(runner: TurnRunner) -> str | None:
     cancelled = False
     buffer = DeltaBuffer(lambda text: runner.emit("text_delta", {"text": text}))
     thoughts = DeltaBuffer(lambda text: runner.emit("thinking_delta", {"text": text}))
-    sent = ModelRequest(system="", messages=[])
     stream: Iterator[ModelEvent] = iter(())
+    failure: ModelError | hooks.HookFailed | None = None
     try:
-        sent, stream, events = _open(runner, offered)
-        for event in events:
-            if runner.cancel.is_set():
-                cancelled = True
-                break
-            runner.lease.check()
-            if isinstance(event, TextDelta):
-                thoughts.flush()  # the thinking shown before the text it led to
-                texts.append(event.text)
-                buffer.add(event.text)
-            elif isinstance(event, ThinkingDelta):
-                thoughts.add(event.text)
-            elif isinstance(event, ThinkingBlock):
-                thinking.append(event.block)
-            elif isinstance(event, ToolUse):
-                uses.append(event)
-            elif isinstance(event, StepRetry):
-                thoughts.flush()
-                buffer.flush()
-                texts.clear()
-                uses.clear()
-                thinking.clear()
-                usage.record(runner, usage.retried_row(runner, sent.model, event))
-            elif isinstance(event, StepEnd):
-                end = event
-    except (ModelError, hooks.HookFailed) as exc:  # HookFailed: a before_model hook's
+        sent = _edited(runner, request(runner, offered))
+    except hooks.HookFailed as exc:  # a before_model hook refused: no request was made
+        return runner.finish("failed", error=str(exc))
+    with spans.chat(
+        sent.model or runner.rt.model.name,
+        spans.provider(runner.rt.model),
+        sent.max_tokens,
+        runner.info.conversation_id,
+    ) as chat:
+        try:
+            sent, stream, events = _open(runner, offered, sent)
+            end, cancelled = _read(runner, sent, events, texts, uses, thinking, buffer, thoughts)
+        except (ModelError, hooks.HookFailed) as exc:  # HookFailed: a before_model hook's
+            failure = exc
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()  # stops an unfinished HTTP stream
+        spans.chat_ended(chat, end, cancelled, failure)
+    if failure is not None:
         thoughts.flush()
         buffer.flush()
-        return runner.finish("failed", error=str(exc))
-    finally:
-        close = getattr(stream, "close", None)
-        if close is not None:
-            close()  # stops an unfinished HTTP stream
+        return runner.finish("failed", error=str(failure))
+    return _store(runner, offered, sent, end, cancelled, texts, uses, thinking, buffer, thoughts)
+
+
+def _read(
+    runner: TurnRunner,
+    sent: ModelRequest,
+    events: Iterator[ModelEvent],
+    texts: list[str],
+    uses: list[ToolUse],
+    thinking: list[dict[str, Any]],
+    buffer: DeltaBuffer,
+    thoughts: DeltaBuffer,
+) -> tuple[StepEnd | None, bool]:
+    """Take the answer's events as they stream: (the step's end, whether it was cancelled)."""
+    end: StepEnd | None = None
+    for event in events:
+        if runner.cancel.is_set():
+            return end, True
+        runner.lease.check()
+        if isinstance(event, TextDelta):
+            thoughts.flush()  # the thinking shown before the text it led to
+            texts.append(event.text)
+            buffer.add(event.text)
+        elif isinstance(event, ThinkingDelta):
+            thoughts.add(event.text)
+        elif isinstance(event, ThinkingBlock):
+            thinking.append(event.block)
+        elif isinstance(event, ToolUse):
+            uses.append(event)
+        elif isinstance(event, StepRetry):
+            thoughts.flush()
+            buffer.flush()
+            texts.clear()
+            uses.clear()
+            thinking.clear()
+            usage.record(runner, usage.retried_row(runner, sent.model, event))
+        elif isinstance(event, StepEnd):
+            end = event
+    return end, False
+
+
+def _store(
+    runner: TurnRunner,
+    offered: dict[str, Offer],
+    sent: ModelRequest,
+    end: StepEnd | None,
+    cancelled: bool,
+    texts: list[str],
+    uses: list[ToolUse],
+    thinking: list[dict[str, Any]],
+    buffer: DeltaBuffer,
+    thoughts: DeltaBuffer,
+) -> str | None:
+    """Commit what the step streamed, with its calls planned; an outcome ends the run."""
     thoughts.flush()
     buffer.flush()
     text = "".join(texts)
@@ -303,12 +348,11 @@ def announce(runner: TurnRunner, calls: Sequence[ToolCall]) -> None:
 
 
 def _open(
-    runner: TurnRunner, offered: dict[str, Offer]
+    runner: TurnRunner, offered: dict[str, Offer], sent: ModelRequest
 ) -> tuple[ModelRequest, Iterator[ModelEvent], Iterator[ModelEvent]]:
-    """Send the step's request (the stream's first event sends it); the API finding it too
-    long gets it once more, compacted harder. The request, its stream, and its events."""
+    """Send the step's request ``sent`` (the stream's first event sends it); the API finding
+    it too long gets it once more, compacted harder. The request, its stream, its events."""
     purpose = "sub_agent" if runner.child else "step"
-    sent = _edited(runner, request(runner, offered))
     stream = metrics.model_stream(runner.rt.model, sent, purpose)
     try:
         first = next(stream, None)

@@ -39,6 +39,7 @@ from signalbox.services.orchestrator import (
     own_calls,
     plans,
     server_calls,
+    spans,
     store,
     usage,
 )
@@ -91,6 +92,7 @@ class TurnRunner:
         self.specs: dict[str, ToolSpec] = {}  # of the tools this runner dispatched to
         self.notes = model_step.NotesCache()  # the proposal notes its last model step read
         self.timed_out = False  # the turn's deadline passed (turn_deadline.py)
+        self.step_span = spans.StepSpan()  # traced: a model step with its calls
 
     def child_runner(self, info: TurnInfo) -> TurnRunner:
         """A runner for a spawn_agent child turn, under this runner's lease and cancel."""
@@ -206,7 +208,10 @@ class TurnRunner:
         if not self.child:
             faults.maybe_kill_on_turn(self.info.text)  # test-only; a no-op in a deployment
         with TurnDeadline(turn.deadline_at, self._time_out):
-            return self._loop()
+            try:
+                return self._loop()
+            finally:
+                self.step_span.end()
 
     def _time_out(self) -> None:
         # The deadline stops the turn the way a cancel does (every wait watches the flag);
@@ -228,7 +233,8 @@ class TurnRunner:
                     return self.finish(TurnState.BUDGET_EXCEEDED, over.describe())
             if message is not None:
                 if any(c.status in OPEN_CALL_STATUSES for c in calls):
-                    outcome = self._settle()
+                    with self.step_span.current():  # the calls under the step that made them
+                        outcome = self._settle()
                     if outcome is not None:
                         return outcome
                     continue
@@ -237,7 +243,9 @@ class TurnRunner:
             turn = store.get_turn(self.rt.sessions, self.info.turn_id)
             if turn.step >= self.max_steps:
                 return self.finish(TurnState.STEP_LIMIT)
-            outcome = model_step.take_step(self)
+            self.step_span.begin(turn.step + 1, self.info.turn_id)
+            with self.step_span.current():
+                outcome = model_step.take_step(self)
             if outcome is not None:
                 return outcome
 

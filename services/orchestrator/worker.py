@@ -10,6 +10,7 @@ from signalbox.shared.celery_app import make_celery
 from signalbox.shared.log_config import celery_logging
 from signalbox.shared.metrics import serve_worker_metrics
 from signalbox.shared.settings import OrchestratorSettings, load
+from signalbox.shared.tracing import trace_celery_worker
 
 settings = load(OrchestratorSettings)
 celery_logging("orchestrator", settings.log_level, settings.log_format)
@@ -19,3 +20,4 @@ app = make_celery(
     "signalbox-orchestrator", settings, include=["signalbox.services.orchestrator.tasks"]
 )
 serve_worker_metrics(app, settings)  # on SIGNALBOX_METRICS_PORT, when set
+trace_celery_worker("signalbox-orchestrator")

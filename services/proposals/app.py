@@ -29,6 +29,7 @@ from signalbox.shared.body_limit import BodyLimit
 from signalbox.shared.file_modes import keep_new_files_private
 from signalbox.shared.log_config import configure_logging
 from signalbox.shared.settings import ProposalsSettings, SettingsError, load
+from signalbox.shared.tracing import configure_tracing, fastapi_telemetry, shutdown_tracing
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def create_app(settings: ProposalsSettings | None = None) -> FastAPI:
             await run_in_threadpool(sweeper.stop)
             ctx.close()
 
-    app = FastAPI(title="Signalbox proposals", lifespan=lifespan)
+    app = FastAPI(title="Signalbox proposals", lifespan=lifespan, telemetry=fastapi_telemetry())
     app.state.context = ctx
     app.state.metrics = metrics.ProposalsMetrics(ctx.sessions)
     app.add_exception_handler(ProposalError, _proposal_error)
@@ -95,11 +96,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"proposals: {exc}", file=sys.stderr)
         return 1
     configure_logging("proposals", settings.log_level, settings.log_format)
-    app = create_app(settings)
-    # log_config=None: uvicorn leaves logging as configure_logging set it.
-    uvicorn.run(
-        app, host=args.host, port=args.port, access_log=False, lifespan="on", log_config=None
-    )
+    configure_tracing("signalbox-proposals")  # before the app: its clients are instrumented
+    try:
+        app = create_app(settings)
+        # log_config=None: uvicorn leaves logging as configure_logging set it.
+        uvicorn.run(
+            app, host=args.host, port=args.port, access_log=False, lifespan="on", log_config=None
+        )
+    finally:
+        shutdown_tracing()
     return 0
 
 

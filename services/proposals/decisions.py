@@ -14,6 +14,9 @@ decided (``applied``, or ``conflict`` with nothing written) and announced like a
 (``proposal_created`` then ``proposal_resolved``); the original keeps the other files and
 goes back to ``pending`` with its version bumped. So every decision is still one winning
 conditional UPDATE on one row, and a child, never pending, cannot be decided twice.
+
+Traced: ``proposal.decide`` (approve, reject) with the outcome, and the approval's
+``proposal.apply`` under it; the ``outbox.publish`` of the announcement follows.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from signalbox.shared.db import Outbox, Proposal, ProposalFile
 from signalbox.shared.db.models import as_utc, now
 from signalbox.shared.events import FileOperation
 from signalbox.shared.ids import new_id
+from signalbox.shared.tracing import tracer
 
 log = logging.getLogger(__name__)
 
@@ -238,10 +242,36 @@ def _split(
     _record(session, child.id)
 
 
+def _decision_span(proposal: Proposal, decision: str) -> Any:
+    attributes = {
+        "signalbox.proposal.id": proposal.id,
+        "signalbox.proposal.decision": decision,
+        "signalbox.conversation.id": proposal.conversation_id,
+        "signalbox.turn.id": proposal.turn_id or "",
+    }
+    # A refusal (409) is an answer, not a failure of the service: the span's status stays.
+    return tracer.start_as_current_span(
+        "proposal.decide", attributes=attributes, set_status_on_exception=False
+    )
+
+
 def approve(
     ctx: ServiceContext, proposal: Proposal, user_id: str, paths: Sequence[str] | None = None
 ) -> Proposal:
     """Apply the proposal (or only ``paths`` of it); ``Conflict`` if stale or decided."""
+    with _decision_span(proposal, "approve") as span:
+        try:
+            decided = _approve(ctx, proposal, user_id, paths)
+        except Conflict as exc:
+            span.set_attribute("signalbox.proposal.status", str(exc.extra.get("status", "")))
+            raise
+        span.set_attribute("signalbox.proposal.status", decided.status)
+        return decided
+
+
+def _approve(
+    ctx: ServiceContext, proposal: Proposal, user_id: str, paths: Sequence[str] | None
+) -> Proposal:
     proposal = expire_if_stale(ctx, proposal)
     if paths:
         earlier = _earlier_split(ctx, proposal.id, paths)
@@ -276,15 +306,19 @@ def approve(
         if chosen is not None:
             decided_id = new_id("prop")  # the child's id, known now so the journal can name it
         spec = JournalSpec(ctx.journal_root, proposal.id, decided_id)
-        try:
-            applied = apply_changes(
-                workspace, _changes(locked.files if chosen is None else chosen), spec
-            )
-            outcome = "applied"
-        except (StaleFiles, PathRefused) as exc:
-            # PathRefused includes a symlink met on the way (perhaps swapped in mid-apply):
-            # the apply wrote nothing outside, undid what it wrote inside, and says 409.
-            applied, outcome, why = None, "conflict", str(exc)
+        changes = _changes(locked.files if chosen is None else chosen)
+        with tracer.start_as_current_span(
+            "proposal.apply",
+            attributes={"signalbox.proposal.id": decided_id, "signalbox.files": len(changes)},
+        ) as span:
+            try:
+                applied = apply_changes(workspace, changes, spec)
+                outcome = "applied"
+            except (StaleFiles, PathRefused) as exc:
+                # PathRefused includes a symlink met on the way (perhaps swapped in mid-apply):
+                # the apply wrote nothing outside, undid what it wrote inside, and says 409.
+                applied, outcome, why = None, "conflict", str(exc)
+            span.set_attribute("signalbox.proposal.status", outcome)
         try:
             if chosen is None:
                 session.execute(
@@ -312,13 +346,15 @@ def approve(
 
 def reject(ctx: ServiceContext, proposal: Proposal, user_id: str, reason: str | None) -> Proposal:
     """Reject the proposal; ``Conflict`` if another decision came first (twice is fine)."""
-    proposal = expire_if_stale(ctx, proposal)
-    if proposal.status == "pending":
-        _decide(ctx, proposal.id, "rejected", user_id, reason)
-        proposal = _reload(ctx, proposal.id)
-    if proposal.status == "rejected":
-        return proposal
-    raise _refusal(ctx, proposal)
+    with _decision_span(proposal, "reject") as span:
+        proposal = expire_if_stale(ctx, proposal)
+        if proposal.status == "pending":
+            _decide(ctx, proposal.id, "rejected", user_id, reason)
+            proposal = _reload(ctx, proposal.id)
+        span.set_attribute("signalbox.proposal.status", proposal.status)
+        if proposal.status == "rejected":
+            return proposal
+        raise _refusal(ctx, proposal)
 
 
 def reject_all(ctx: ServiceContext, user_id: str, reason: str | None) -> list[str]:

@@ -6,6 +6,10 @@ publishes it; the commit marks it sent. A failed publish rolls the claim back, s
 is tried again by the next relay (after the next decision, or at start-up). Because the
 claim holds the row's write lock until commit, two relays never publish the same row.
 The owner's webhook deliveries of the event are queued in that transaction too.
+
+Traced: each payload keeps the trace context it was committed in (``TRACE_KEY``, only
+when tracing is on), so its ``outbox.publish`` span joins the trace of the request that
+made it, even when the sweeper relays it later; the key is never published.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import logging
 from typing import Any, Final
 
 import redis
+from opentelemetry.trace import SpanKind
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
@@ -23,6 +28,7 @@ from signalbox.shared.db import Outbox, Proposal
 from signalbox.shared.db.models import now
 from signalbox.shared.db.webhooks import enqueue
 from signalbox.shared.events import EventKind
+from signalbox.shared.tracing import extract, inject, link_to_current, tracer
 
 log = logging.getLogger(__name__)
 
@@ -30,32 +36,45 @@ PROPOSAL_CREATED: Final = "proposal_created"
 PROPOSAL_RESOLVED: Final = "proposal_resolved"
 TOPICS = (PROPOSAL_CREATED, PROPOSAL_RESOLVED)  # other services may keep their own topics here
 BATCH = 100
+TRACE_KEY = "trace"  # the W3C trace context of a payload's commit, stripped before publishing
+
+
+def _traced(payload: dict[str, Any]) -> dict[str, Any]:
+    carrier = inject()
+    if carrier:
+        payload[TRACE_KEY] = carrier
+    return payload
 
 
 def created_payload(proposal: Proposal) -> dict[str, Any]:
-    """What ``proposal_created`` announces."""
-    return {
-        "proposal_id": proposal.id,
-        "conversation_id": proposal.conversation_id,
-        "user_id": proposal.user_id,
-        "turn_id": proposal.turn_id,
-        "summary": proposal.summary,
-        "files": [{"path": f.path, "operation": f.operation} for f in proposal.files],
-        "parent_id": proposal.parent_id,
-        "reverts": proposal.reverts,
-    }
+    """What ``proposal_created`` announces (with the trace context, when tracing)."""
+    return _traced(
+        {
+            "proposal_id": proposal.id,
+            "conversation_id": proposal.conversation_id,
+            "user_id": proposal.user_id,
+            "turn_id": proposal.turn_id,
+            "summary": proposal.summary,
+            "files": [{"path": f.path, "operation": f.operation} for f in proposal.files],
+            "parent_id": proposal.parent_id,
+            "reverts": proposal.reverts,
+        }
+    )
 
 
 def resolved_payload(proposal: Proposal) -> dict[str, Any]:
-    """What ``proposal_resolved`` announces (the approvals channel contract, plus turn_id)."""
-    return {
-        "proposal_id": proposal.id,
-        "conversation_id": proposal.conversation_id,
-        "user_id": proposal.user_id,
-        "status": proposal.status,
-        "version": proposal.version,
-        "turn_id": proposal.turn_id,
-    }
+    """What ``proposal_resolved`` announces (the approvals channel contract, plus turn_id;
+    with the trace context, when tracing)."""
+    return _traced(
+        {
+            "proposal_id": proposal.id,
+            "conversation_id": proposal.conversation_id,
+            "user_id": proposal.user_id,
+            "status": proposal.status,
+            "version": proposal.version,
+            "turn_id": proposal.turn_id,
+        }
+    )
 
 
 def event_data(topic: str, payload: dict[str, Any]) -> dict[str, Any]:
@@ -136,9 +155,23 @@ def _send_one(ctx: ServiceContext, row_id: int) -> bool:
         row = session.get(Outbox, row_id)
         assert row is not None
         payload = dict(row.payload)
-        # Queued before the event is published, committed with the claim: an event anyone
-        # saw has its deliveries queued, and a failed publish rolls both back.
-        queue_webhooks(session, row.topic, payload)
-        publish(ctx, row.topic, payload)
-        session.commit()
+        committed_in = extract(payload.pop(TRACE_KEY, None))
+        attributes = {
+            "messaging.system": "redis",
+            "messaging.operation.type": "send",
+            "signalbox.outbox.topic": row.topic,
+            "signalbox.proposal.id": str(payload.get("proposal_id")),
+        }
+        with tracer.start_as_current_span(
+            "outbox.publish",
+            context=committed_in,  # None: under the current span
+            links=link_to_current() if committed_in is not None else (),
+            kind=SpanKind.PRODUCER,
+            attributes=attributes,
+        ):
+            # Queued before the event is published, committed with the claim: an event anyone
+            # saw has its deliveries queued, and a failed publish rolls both back.
+            queue_webhooks(session, row.topic, payload)
+            publish(ctx, row.topic, payload)
+            session.commit()
         return True

@@ -20,6 +20,7 @@ from signalbox.shared.events import ProposalStatus
 from signalbox.shared.ids import new_id
 from signalbox.shared.proposals_api import CreateProposal, ProposalPublic
 from signalbox.shared.timestamps import rfc3339_or_none
+from signalbox.shared.tracing import Attributes, tracer
 
 
 def proposal_public(proposal: Proposal) -> ProposalPublic:
@@ -194,7 +195,21 @@ def create(
     """Store a new pending proposal and queue its ``proposal_created`` event.
 
     ``reverts``: the applied proposals a revert proposal undoes (``revert.py``).
+    Traced as ``proposal.create`` (under the tool call's HTTP request, so in its turn's trace).
     """
+    attributes: Attributes = {
+        "signalbox.conversation.id": request.conversation_id,
+        "signalbox.turn.id": request.turn_id or "",
+        "signalbox.tool.call_id": request.call_id or "",
+        "signalbox.files": len(request.files),
+    }
+    with tracer.start_as_current_span("proposal.create", attributes=attributes) as span:
+        proposal = _create(ctx, request, reverts)
+        span.set_attribute("signalbox.proposal.id", proposal.id)
+        return proposal
+
+
+def _create(ctx: ServiceContext, request: CreateProposal, reverts: list[str] | None) -> Proposal:
     with ctx.sessions() as session:
         conv = owned_conversation(
             session, request.user_id, request.conversation_id, request.workspace

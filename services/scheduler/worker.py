@@ -8,6 +8,7 @@ from signalbox.shared.celery_app import SCHEDULER_QUEUE, make_celery
 from signalbox.shared.log_config import celery_logging
 from signalbox.shared.metrics import serve_worker_metrics
 from signalbox.shared.settings import CommonSettings, load
+from signalbox.shared.tracing import trace_celery_worker
 
 # The beat wakes at least this often: a one-second interval is kept to the second, and a
 # schedule written by the gateway is seen within it.
@@ -18,6 +19,7 @@ BEAT_LOCK_TIMEOUT_S = 10
 settings = load(CommonSettings)
 celery_logging("scheduler", settings.log_level, settings.log_format)  # the beat's too
 app = make_celery("signalbox-scheduler", settings, include=["signalbox.services.scheduler.tasks"])
+trace_celery_worker("signalbox-scheduler")
 app.conf.task_routes = {**app.conf.task_routes, "scheduler.*": {"queue": SCHEDULER_QUEUE}}
 app.conf.update(
     beat_scheduler="signalbox.services.scheduler.beat:SignalboxBeat",

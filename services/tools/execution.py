@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import redis
 from celery.exceptions import SoftTimeLimitExceeded
+from opentelemetry.trace import Status, StatusCode
 from pydantic import ValidationError
 
 from signalbox.services.tools.proposals_client import make_client
@@ -33,6 +34,7 @@ from signalbox.services.tools.registry import (
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import ToolsSettings
 from signalbox.shared.tool_contract import ToolCallRequest, ToolResult, claim_call
+from signalbox.shared.tracing import Attributes, tracer
 from signalbox.shared.workspace_paths import PathOutsideWorkspace, workspace_dir
 
 log = logging.getLogger(__name__)
@@ -212,11 +214,36 @@ def report_stopped(raw: Mapping[str, Any], deps: Deps) -> ToolResult | None:
 
 
 def run_call(raw: Mapping[str, Any], deps: Deps) -> ToolResult | None:
-    """Claim, run and publish one call; None when a redelivery of it is skipped."""
+    """Claim, run and publish one call; None when a redelivery of it is skipped.
+
+    Traced as ``tool.call`` (under Celery's span of the task, so under the orchestrator's
+    step that sent it), with the tool, its time limit, and the call's status and duration.
+    """
     try:
         request = ToolCallRequest.model_validate(raw)
     except ValidationError as exc:
         return _bad_request(raw, exc, deps)
+    attributes: Attributes = {
+        "signalbox.tool.name": request.tool,
+        "gen_ai.tool.name": request.tool,
+        "gen_ai.tool.call.id": request.call_id,
+        "signalbox.tool.time_limit_s": request.timeout_s,
+        "signalbox.turn.id": request.turn_id,
+        "signalbox.conversation.id": request.conversation_id,
+    }
+    with tracer.start_as_current_span("tool.call", attributes=attributes) as span:
+        result = _claimed_run(request, deps)
+        if result is None:
+            span.set_attribute("signalbox.tool.status", "skipped")
+            return None
+        span.set_attribute("signalbox.tool.status", result.status)
+        span.set_attribute("signalbox.tool.duration_ms", result.duration_ms)
+        if result.status != "ok":
+            span.set_status(Status(StatusCode.ERROR, result.error or result.status))
+        return result
+
+
+def _claimed_run(request: ToolCallRequest, deps: Deps) -> ToolResult | None:
     tool = deps.registry.get(request.tool)
     idempotent = tool is not None and tool.spec.idempotent
     if not claim(deps, request.call_id, idempotent) and not idempotent:

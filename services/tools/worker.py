@@ -28,6 +28,7 @@ from signalbox.shared.log_config import celery_logging
 from signalbox.shared.metrics import serve_worker_metrics
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import ToolsSettings, load
+from signalbox.shared.tracing import trace_celery_worker
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ protect_worker()  # before any secret is read: no other process of our user may 
 settings = load(ToolsSettings)
 celery_logging("tools", settings.log_level, settings.log_format)
 app = make_celery("signalbox-tools", settings, include=["signalbox.services.tools.tasks"])
+trace_celery_worker("signalbox-tools")
 registry = worker_tools(settings)
 # Prefork: the pool children's runs are summed from files (prometheus_client multiprocess).
 serve_worker_metrics(
