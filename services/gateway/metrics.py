@@ -136,6 +136,7 @@ class GatewayMetrics:
         self._turns.counts = {str(status): int(count) for status, count in rows}
         waiting = session.execute(
             select(User.is_admin, func.count())
+            .select_from(Turn)
             .join(User, User.id == Turn.user_id)
             .where(
                 Turn.deployment == deployment,

@@ -11,8 +11,9 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session, sessionmaker
 
-from signalbox.shared.db import Turn
+from signalbox.shared.db import Conversation, Turn
 from signalbox.shared.event_stream import EventStream
+from signalbox.shared.ids import new_id
 from tests.gateway.conftest import LiveGateway, connect, events_until, request
 
 Users = Callable[[], tuple[str, str]]
@@ -127,3 +128,30 @@ def test_http_errors_are_counted_by_code(gateway: LiveGateway, make_user: Users)
     after = scrape(gateway)
     errors = "signalbox_gateway_errors_total"
     assert value(after, errors, code="not_found") - value(before, errors, code="not_found") == 1
+
+
+def test_turns_waiting_for_a_slot_are_counted_by_user_class(
+    gateway: LiveGateway, make_user: Users, db_sessions: sessionmaker[Session]
+) -> None:
+    user_id, _token = make_user()
+    before = value(scrape(gateway), "signalbox_turns_waiting", user_class="user")
+    with db_sessions() as session, session.begin():
+        for _ in range(3):  # stored, not yet given a slot by admission
+            conv = Conversation(id=new_id("conv"), user_id=user_id, workspace="default")
+            session.add(conv)
+            session.add(
+                Turn(
+                    id=new_id("turn"),
+                    conversation_id=conv.id,
+                    user_id=user_id,
+                    seq=1,
+                    text="wait",
+                    status="queued",
+                    deployment=gateway.keys.prefix,
+                )
+            )
+    after = scrape(gateway)
+    assert value(after, "signalbox_turns_waiting", user_class="user") - before == 3
+    assert value(after, "signalbox_turns_waiting", user_class="admin") == 0
+    with db_sessions() as session, session.begin():  # leave nothing waiting for others
+        session.query(Turn).filter(Turn.user_id == user_id).update({"status": "cancelled"})
