@@ -21,6 +21,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from signalbox.shared.redis_clients import sync_client
 from signalbox.shared.redis_keys import RedisKeys
 
 CANCEL_SIGNAL = "SIGUSR2"
@@ -43,7 +44,7 @@ def mark_cancelled(client: redis.Redis, keys: RedisKeys, call_ids: Sequence[str]
 def checker_client(redis_url: str) -> redis.Redis:
     """A client for ``is_cancelled`` in a signal handler: its own connection (the handler may
     interrupt the process's other client mid-command), short timeouts, no retries."""
-    return redis.Redis.from_url(
+    return sync_client(
         redis_url,
         socket_timeout=CHECK_TIMEOUT_S,
         socket_connect_timeout=CHECK_TIMEOUT_S,

@@ -14,6 +14,7 @@ from celery import Celery
 
 from signalbox.shared import broker_fixes
 from signalbox.shared.log_context import propagate_over_celery
+from signalbox.shared.redis_clients import celery_broker
 from signalbox.shared.settings import CommonSettings
 
 ORCHESTRATOR_QUEUE = "orchestrator"
@@ -38,6 +39,7 @@ def transport_options(settings: CommonSettings) -> dict[str, Any]:
     options: dict[str, Any] = {
         "visibility_timeout": settings.visibility_timeout_s,
         "global_keyprefix": settings.redis_prefix,
+        **celery_broker(settings.redis_url)[1],  # Sentinel: the master's name
     }
     if settings.visibility_timeout_s < SHORT_VISIBILITY_TIMEOUT_S:
         options["unacked_restore_interval"] = max(0.5, settings.visibility_timeout_s / 4)
@@ -49,7 +51,8 @@ def make_celery(name: str, settings: CommonSettings, include: list[str] | None =
     """A Celery app on the deployment's Redis with Signalbox's delivery settings."""
     broker_fixes.apply()
     propagate_over_celery()  # a task's log lines carry its sender's ids (turn, call...)
-    app = Celery(name, broker=settings.redis_url, backend=settings.redis_url, include=include or [])
+    url = celery_broker(settings.redis_url)[0]  # the same URL unless it is Sentinel's
+    app = Celery(name, broker=url, backend=url, include=include or [])
     options = transport_options(settings)
     app.conf.update(
         task_serializer="json",

@@ -41,6 +41,7 @@ from signalbox.shared.celery_app import (
     SCHEDULER_QUEUE,
     TOOLS_QUEUE,
 )
+from signalbox.shared.redis_clients import sync_client
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import CommonSettings
 
@@ -249,7 +250,7 @@ def serve_worker_metrics(
         given = os.environ.get(MULTIPROC_DIR_ENV)
         path = enable_multiprocess(given) if multiprocess_pool else None
         registry = worker_registry(path)
-        client = redis.Redis.from_url(
+        client = sync_client(
             settings.redis_url,
             socket_connect_timeout=SCRAPE_REDIS_TIMEOUT_S,
             socket_timeout=SCRAPE_REDIS_TIMEOUT_S,

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import redis
 
+from signalbox.shared.redis_clients import sync_client
+
 REDIS_START_TIMEOUT_S = 10.0
 
 
@@ -59,9 +61,7 @@ def free_port() -> int:
 def reachable(url: str, timeout_s: float = 1.0) -> bool:
     """True when a Redis answers PING at ``url``."""
     try:
-        client = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
+        client = sync_client(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         try:
             return bool(client.ping())
         finally:

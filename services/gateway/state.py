@@ -28,6 +28,7 @@ from signalbox.shared.admission import Limits, admit
 from signalbox.shared.celery_app import ORCHESTRATOR_QUEUE, RUN_TURN_TASK, make_celery
 from signalbox.shared.db import make_engine, make_session_factory
 from signalbox.shared.event_stream import AsyncEventStream
+from signalbox.shared.redis_clients import async_client, async_pool, is_sentinel
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import GatewaySettings
 
@@ -47,10 +48,14 @@ POOL_WAIT_S = 10.0  # a command waits this long for one before answering `unavai
 
 
 def _pooled_client(url: str) -> aioredis.Redis:
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url, decode_responses=True, max_connections=POOL_SIZE, timeout=POOL_WAIT_S, **RECONNECTING
+    return async_client(
+        url,
+        blocking=True,
+        decode_responses=True,
+        max_connections=POOL_SIZE,
+        timeout=POOL_WAIT_S,
+        **({} if is_sentinel(url) else RECONNECTING),  # Sentinel's retries last a failover
     )
-    return aioredis.Redis.from_pool(pool)
 
 
 @dataclass
@@ -80,7 +85,7 @@ class Gateway:
         # Replays have a pool of their own, so a burst of them never starves the requests.
         replay_client = _pooled_client(settings.redis_url)
         # The readers' connections block in XREAD; they never come back to a pool.
-        read_pool = aioredis.ConnectionPool.from_url(
+        read_pool = async_pool(
             settings.redis_url,
             decode_responses=True,
             protocol=2,  # the readers parse XREAD's RESP2 reply themselves

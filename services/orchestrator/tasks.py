@@ -10,7 +10,6 @@ import threading
 from functools import cache
 from typing import Any
 
-import redis
 from celery.signals import worker_ready, worker_shutdown
 
 from signalbox.services.orchestrator.anthropic_model import AnthropicModel, unset_if_empty
@@ -29,6 +28,7 @@ from signalbox.shared.celery_app import RUN_TURN_TASK, SCHEDULER_QUEUE, SYNC_ALA
 from signalbox.shared.db import make_engine, make_session_factory
 from signalbox.shared.events import turn_finished
 from signalbox.shared.log_context import bind_log_context
+from signalbox.shared.redis_clients import sync_client
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import OrchestratorSettings
 from signalbox.shared.statuses import TurnState
@@ -61,9 +61,9 @@ def _runtime() -> Runtime:
     sessions = make_session_factory(make_engine(settings.database_url))
     keys = RedisKeys(settings.redis_prefix)
     # Its own connection pool, named so an operator can tell it apart in CLIENT LIST.
-    feed_client = redis.Redis.from_url(settings.redis_url, client_name=APPROVALS_CLIENT_NAME)
+    feed_client = sync_client(settings.redis_url, client_name=APPROVALS_CLIENT_NAME)
     model = make_model(settings)
-    client = redis.Redis.from_url(settings.redis_url)
+    client = sync_client(settings.redis_url)
     return Runtime(
         settings=settings,
         sessions=sessions,

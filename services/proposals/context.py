@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from signalbox.services.proposals import journal
 from signalbox.shared.db import make_engine, make_session_factory
 from signalbox.shared.event_stream import EventStream
+from signalbox.shared.redis_clients import sync_client
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import ProposalsSettings
 from signalbox.shared.workspace_paths import workspace_dir
@@ -36,7 +37,7 @@ class ServiceContext:
         """Connect to what ``settings`` names (lazily: nothing is contacted yet)."""
         engine = make_engine(settings.database_url)
         # Bounded, because the outbox relay holds an outbox row's lock while it publishes.
-        client = redis.Redis.from_url(
+        client = sync_client(
             settings.redis_url,
             socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
             socket_timeout=REDIS_TIMEOUT_S,

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
-import redis
 from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.shared.db import make_engine, make_session_factory
 from signalbox.shared.event_stream import EventStream
+from signalbox.shared.redis_clients import sync_client
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import CommonSettings, load
 
@@ -28,5 +28,5 @@ def scheduler_state() -> SchedulerState:
     """Built on first use, in the process that uses it (beat child or worker)."""
     settings = load(CommonSettings)
     sessions = make_session_factory(make_engine(settings.database_url))
-    client = redis.Redis.from_url(settings.redis_url)
+    client = sync_client(settings.redis_url)
     return SchedulerState(settings, sessions, EventStream(client, RedisKeys(settings.redis_prefix)))

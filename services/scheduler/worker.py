@@ -7,6 +7,7 @@ from __future__ import annotations
 from signalbox.shared.celery_app import SCHEDULER_QUEUE, make_celery
 from signalbox.shared.log_config import celery_logging
 from signalbox.shared.metrics import serve_worker_metrics
+from signalbox.shared.redis_clients import redbeat_config
 from signalbox.shared.settings import CommonSettings, load
 from signalbox.shared.tracing import trace_celery_worker
 
@@ -24,7 +25,7 @@ app.conf.task_routes = {**app.conf.task_routes, "scheduler.*": {"queue": SCHEDUL
 app.conf.update(
     beat_scheduler="signalbox.services.scheduler.beat:SignalboxBeat",
     beat_max_loop_interval=BEAT_MAX_LOOP_S,
-    redbeat_redis_url=settings.redis_url,
+    **redbeat_config(settings.redis_url),  # redbeat_redis_url (and Sentinel's options)
     redbeat_key_prefix=f"{settings.redis_prefix}redbeat:",
     redbeat_lock_timeout=BEAT_LOCK_TIMEOUT_S,
 )

@@ -31,6 +31,7 @@ from signalbox.services.tools.registry import (
     ToolOutput,
     ToolTimeout,
 )
+from signalbox.shared.redis_clients import sync_client
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import ToolsSettings
 from signalbox.shared.tool_contract import ToolCallRequest, ToolResult, claim_call
@@ -58,7 +59,7 @@ class Deps:
         """Connections built from ``settings`` (call after fork: clients are per process)."""
         return cls(
             settings=settings,
-            redis=redis.Redis.from_url(settings.redis_url),
+            redis=sync_client(settings.redis_url),
             keys=RedisKeys(settings.redis_prefix),
             proposals=make_client(settings.proposals_url, settings.internal_token),
             registry=registry,

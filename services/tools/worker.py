@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import redis
 from celery.signals import worker_init, worker_ready, worker_shutdown
 
 from signalbox.services.tools.catalogue import CatalogueRefresher, served, worker_tools
@@ -26,6 +25,7 @@ from signalbox.services.tools.sandbox import protect_worker, unavailable
 from signalbox.shared.celery_app import SANDBOX_QUEUE, make_celery
 from signalbox.shared.log_config import celery_logging
 from signalbox.shared.metrics import serve_worker_metrics
+from signalbox.shared.redis_clients import sync_client
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import ToolsSettings, load
 from signalbox.shared.tracing import trace_celery_worker
@@ -81,7 +81,7 @@ def _refuse_an_unconfined_sandbox(sender: Any, **_: Any) -> None:
 def _announce(sender: Any, **_: Any) -> None:
     global _refresher
     _refresher = CatalogueRefresher(
-        client=redis.Redis.from_url(settings.redis_url),
+        client=sync_client(settings.redis_url),
         keys=RedisKeys(settings.redis_prefix),
         worker_id=str(sender.hostname),
         specs=served(registry.specs(), _consumed_queues(sender)),
@@ -95,7 +95,7 @@ def _start_heartbeat(**_: Any) -> None:
     # In the main process: it outlives a pool process that dies, and runs no tool code.
     global _heartbeat
     _heartbeat = CallHeartbeat(
-        client=redis.Redis.from_url(settings.redis_url),
+        client=sync_client(settings.redis_url),
         keys=RedisKeys(settings.redis_prefix),
         interval_s=settings.call_heartbeat_s,
         ttl_s=settings.call_heartbeat_ttl_s,

@@ -165,6 +165,26 @@ class Chaos:
             return user.id, token
 
 
+def stack_env(fake: FakeAnthropic) -> dict[str, str]:
+    """The chaos deployment's settings: short leases, grace and visibility timeout."""
+    return {
+        "ANTHROPIC_API_KEY": "sk-test",
+        "ANTHROPIC_BASE_URL": fake.url,
+        "SIGNALBOX_TEST_TOOLS": "1",
+        "SIGNALBOX_LEASE_S": str(LEASE_S),
+        "SIGNALBOX_RECONCILE_S": str(LEASE_S),  # parked and stale queued turns too
+        "SIGNALBOX_TOOL_GRACE_S": str(GRACE_S),
+        "SIGNALBOX_VISIBILITY_TIMEOUT_S": str(VISIBILITY_TIMEOUT_S),
+        "SIGNALBOX_MAX_TURN_DELIVERIES": str(MAX_TURN_DELIVERIES),
+        "SIGNALBOX_CATALOGUE_REFRESH_S": "1",
+        "SIGNALBOX_TOOL_TIMEOUTS": json.dumps({"sleep": TOOL_LIMIT_S, "count_calls": TOOL_LIMIT_S}),
+        "SIGNALBOX_HEARTBEAT_S": "1",
+        "SIGNALBOX_RATE_LIMIT_PER_MINUTE": "100000",
+        "SIGNALBOX_RATE_LIMIT_TURNS": "100000/minute",
+        "SIGNALBOX_RATE_LIMIT_DECISIONS": "100000/minute",
+    }
+
+
 @pytest.fixture(scope="module")
 def chaos(tmp_path_factory: pytest.TempPathFactory, internal_token: str) -> Iterator[Chaos]:
     var = tmp_path_factory.mktemp("chaos")
@@ -181,24 +201,7 @@ def chaos(tmp_path_factory: pytest.TempPathFactory, internal_token: str) -> Iter
         internal_token=internal_token,
         orchestrators=2,
         tools_workers=2,
-        extra_env={
-            "ANTHROPIC_API_KEY": "sk-test",
-            "ANTHROPIC_BASE_URL": fake.url,
-            "SIGNALBOX_TEST_TOOLS": "1",
-            "SIGNALBOX_LEASE_S": str(LEASE_S),
-            "SIGNALBOX_RECONCILE_S": str(LEASE_S),  # parked and stale queued turns too
-            "SIGNALBOX_TOOL_GRACE_S": str(GRACE_S),
-            "SIGNALBOX_VISIBILITY_TIMEOUT_S": str(VISIBILITY_TIMEOUT_S),
-            "SIGNALBOX_MAX_TURN_DELIVERIES": str(MAX_TURN_DELIVERIES),
-            "SIGNALBOX_CATALOGUE_REFRESH_S": "1",
-            "SIGNALBOX_TOOL_TIMEOUTS": json.dumps(
-                {"sleep": TOOL_LIMIT_S, "count_calls": TOOL_LIMIT_S}
-            ),
-            "SIGNALBOX_HEARTBEAT_S": "1",
-            "SIGNALBOX_RATE_LIMIT_PER_MINUTE": "100000",
-            "SIGNALBOX_RATE_LIMIT_TURNS": "100000/minute",
-            "SIGNALBOX_RATE_LIMIT_DECISIONS": "100000/minute",
-        },
+        extra_env=stack_env(fake),
     )
     stack = Stack(config)
     config.workspaces_root.mkdir(parents=True, exist_ok=True)
