@@ -21,7 +21,7 @@ from sqlalchemy import select
 
 from signalbox.services.orchestrator.lease import holder_pid
 from signalbox.services.tools.test_tools import counter_key
-from signalbox.shared.db.models import Conversation, Message, ToolCall
+from signalbox.shared.db.models import Conversation, Message, ToolCall, now
 from signalbox.shared.db.models import Turn as TurnRow
 from signalbox.shared.ids import new_id
 from tests.fake_anthropic import stall, text, tool_use
@@ -369,8 +369,8 @@ def _ready(chaos: Chaos) -> bool:
 
 
 def _queued_turn_whose_message_is_lost(chaos: Chaos, user: Client, marker: str) -> str:
-    """A turn stored as the gateway stores it, whose Celery message the Redis restart takes
-    (it is never sent here: what is left after a loss is the SQL row alone)."""
+    """A turn stored and admitted as the gateway does it, whose Celery message the Redis
+    restart takes (it is never sent here: what is left after a loss is the SQL row alone)."""
     created = httpx.post(
         f"{chaos.stack.gateway_url}/api/conversations",
         json={"workspace": "default", "title": marker},
@@ -389,6 +389,8 @@ def _queued_turn_whose_message_is_lost(chaos: Chaos, user: Client, marker: str) 
             seq=1,
             text=f"please work on {marker}",
             status="queued",
+            deployment=chaos.keys.prefix,
+            admitted_at=now(),
         )
         s.add(turn)
     return turn.id
