@@ -10,6 +10,7 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import func, select
@@ -30,6 +31,7 @@ from signalbox.services.gateway.state import Gateway
 from signalbox.services.gateway.uploads import owned_attachments
 from signalbox.shared.db import Conversation, Turn, User
 from signalbox.shared.db.concurrency import lock_row
+from signalbox.shared.db.models import as_utc, now
 from signalbox.shared.events import Attachment
 from signalbox.shared.ids import new_id
 from signalbox.shared.log_context import log_context
@@ -40,6 +42,7 @@ from signalbox.shared.tracing import root_span, tracer
 log = logging.getLogger(__name__)
 
 UNFINISHED = UNFINISHED_TURNS
+RESEND_AFTER_S = 2.0  # a queued turn sent again this long after its admission is sent again
 
 
 @dataclass(frozen=True)
@@ -286,6 +289,8 @@ async def _submit_turn(
     turn = inserted.turn
     conv_id = turn.conversation_id
     if not inserted.created:
+        if turn.status == TurnState.QUEUED:
+            await _send_again(gateway, turn.id)
         return SubmittedTurn(conv_id, turn.id, created=False)
     if inserted.conversation is not None:
         await announce_conversation(gateway, inserted.conversation)
@@ -317,6 +322,27 @@ async def _submit_turn(
         new_conversation=inserted.conversation is not None,
         queued_event_id=event_id,
     )
+
+
+async def _send_again(gateway: Gateway, turn_id: str) -> None:
+    """A turn sent again (same ``client_turn_id``) that is still queued: its first send may
+    have been answered ``unavailable`` after it was stored (Redis away between the insert and
+    the ``run_turn`` message). Admit what may start, and send the message of a turn admitted
+    ``RESEND_AFTER_S`` ago and still not started once more (a duplicate is harmless: its
+    lease lets one runner in), rather than leave it to the reconciler's next sweep. A resend
+    right after the first send (a reconnect) sends nothing."""
+
+    def admitted(session: Session) -> bool:
+        row = session.get(Turn, turn_id)
+        if row is None or row.status != TurnState.QUEUED or row.admitted_at is None:
+            return False
+        return as_utc(row.admitted_at) <= now() - timedelta(seconds=RESEND_AFTER_S)
+
+    try:
+        if turn_id not in await gateway.admit_waiting_turns() and await gateway.db(admitted):
+            await gateway.enqueue_turn(turn_id)
+    except Exception as exc:
+        raise Unavailable(f"turn {turn_id!r} is stored but could not be enqueued: {exc}") from exc
 
 
 async def publish_cancel(gateway: Gateway, turn_id: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -12,6 +13,8 @@ import redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from signalbox.services.gateway.turns import RESEND_AFTER_S
+from signalbox.shared.celery_app import ORCHESTRATOR_QUEUE
 from signalbox.shared.db import Conversation, ToolCall, Turn
 from signalbox.shared.workspace_paths import workspace_dir
 from tests.gateway.conftest import (
@@ -98,6 +101,31 @@ async def test_client_turn_id_makes_the_send_idempotent(
     assert [t.admitted_at is not None for t in turns] == [True, False]
     tasks = queued_turn_tasks(redis_client, gateway.keys)
     assert [args for _, args in tasks] == [[a["turn_id"]]]
+
+
+async def test_a_queued_turn_sent_again_later_is_sent_to_the_orchestrator_again(
+    gateway: LiveGateway,
+    make_user: Users,
+    db_sessions: sessionmaker[Session],
+    redis_client: redis.Redis,
+) -> None:
+    """Its first run_turn message was lost (Redis away after the insert: the client got
+    `unavailable`); the client's resend sends it again instead of leaving it to the
+    reconciler's sweep minutes later."""
+    _, token = make_user()
+    first = {"type": "user_turn", "conversation_id": None, "text": "hi", "client_turn_id": "r1"}
+    async with await connect(gateway, token) as ws:
+        a = await request(ws, first)
+        redis_client.delete(f"{gateway.keys.prefix}{ORCHESTRATOR_QUEUE}")  # the message lost
+        with db_sessions() as session, session.begin():
+            turn = session.get(Turn, a["turn_id"])
+            assert turn is not None and turn.admitted_at is not None
+            turn.admitted_at = turn.admitted_at - timedelta(seconds=RESEND_AFTER_S + 1)
+        b = await request(ws, first)
+    assert b["turn_id"] == a["turn_id"]
+    assert queued_turn_tasks(redis_client, gateway.keys) == [
+        ("orchestrator.run_turn", [a["turn_id"]])
+    ]
 
 
 async def test_next_turn_on_a_new_socket_starts_at_its_turn_queued(
