@@ -110,19 +110,22 @@ def prepare_var(var: Path, database_url: str) -> None:
 
 
 def ensure_admin_token(database_url: str, token_file: Path) -> str:
-    """The admin's token: the saved one while it still works, else a new one (saved)."""
+    """The admin's token: the saved one while it still works, else a new one (saved). The
+    user ``admin`` has the admin role (usage of every user, budgets, shares, quotas)."""
     try:
         saved = token_file.read_text().strip()
     except FileNotFoundError:
         saved = ""
     with session_for(database_url) as session:
         if saved and (user := user_for_token(session, saved)) and user.name == ADMIN_USER:
+            user.is_admin = True  # the operator of this machine's deployment: /api/admin too
             return saved
         admin = session.scalars(select(User).where(User.name == ADMIN_USER)).one_or_none()
         if admin is None:
-            _admin, token = create_user(session, ADMIN_USER)
+            admin, token = create_user(session, ADMIN_USER)
         else:  # the file was lost or its token revoked: the admin gets a fresh one
             token = issue_token(session, admin)
+        admin.is_admin = True
     write_secret(token_file, token)
     return token
 

@@ -10,12 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
-from signalbox.admin import revoke_user_tokens
+from signalbox.admin import revoke_user_tokens, session_for
 from signalbox.cli import main
 from signalbox.processes import Child
 from signalbox.redis_server import RedisServer
-from signalbox.shared.db import make_engine, make_session_factory
+from signalbox.shared.db import User, make_engine, make_session_factory
 from signalbox.shared.db.migrate import upgrade
 from signalbox.shared.db.users import user_for_token
 from signalbox.stack import Stack, StackConfig
@@ -138,6 +139,9 @@ def test_admin_token_survives_restarts_and_revocation(fresh_db: str, tmp_path: P
     second = ensure_admin_token(fresh_db, token_file)
     assert second != first and token_works(fresh_db, second)
     assert token_file.read_text().strip() == second
+    with session_for(fresh_db) as session:  # the operator of `signalbox up` is an admin
+        admin = session.scalars(select(User).where(User.name == ADMIN_USER)).one()
+        assert admin.is_admin
 
 
 def test_supervisor_reports_a_dead_child(tmp_path: Path) -> None:
