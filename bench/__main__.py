@@ -25,6 +25,7 @@ from bench import (
     cost,
     fairness,
     gateway_load,
+    langgraph_peer,
     load,
     plans,
     report,
@@ -90,6 +91,9 @@ BENCHMARKS: dict[str, Benchmark] = {
             "gateway": GATEWAY_FOCUS,
             "tools1": TOOLS_FOCUS,
         },
+    ),
+    "loop": Benchmark(
+        lambda env, o: langgraph_peer.loop(env, o.rounds, o.warmup), rounds=20, quick_rounds=2
     ),
     "plans": Benchmark(lambda env, o: plans.plans(env, o.rounds, o.warmup), 5, 1),
     "timeout": Benchmark(lambda env, o: tool_calls.timeout(env, o.rounds, o.warmup), 5, 1),

@@ -12,6 +12,7 @@ heartbeat stopped ``lost`` at once instead of at its deadline.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -165,8 +166,10 @@ def withdraw_catalogue(client: redis.Redis, keys: RedisKeys, worker_id: str) -> 
 def read_catalogue(client: redis.Redis, keys: RedisKeys) -> dict[str, ToolSpec]:
     """The tools some live worker serves, by name."""
     now = time.time()
-    client.zremrangebyscore(keys.tool_catalogue(), "-inf", now)
-    workers: Any = client.zrange(keys.tool_catalogue(), 0, -1)
+    pipe = client.pipeline(transaction=False)  # one round trip for the two
+    pipe.zremrangebyscore(keys.tool_catalogue(), "-inf", now)
+    pipe.zrange(keys.tool_catalogue(), 0, -1)
+    workers: Any = pipe.execute()[1]
     if not workers:
         return {}
     names = [w.decode() if isinstance(w, bytes) else w for w in workers]
@@ -175,7 +178,12 @@ def read_catalogue(client: redis.Redis, keys: RedisKeys) -> dict[str, ToolSpec]:
     for body in bodies:
         if body is None:
             continue
-        for raw in json.loads(body):
-            spec = ToolSpec.model_validate(raw)
+        for spec in _specs(body):
             tools.setdefault(spec.name, spec)
     return tools
+
+
+@functools.lru_cache(maxsize=64)
+def _specs(body: bytes | str) -> tuple[ToolSpec, ...]:
+    """A worker's published catalogue, parsed once per distinct body (read every step)."""
+    return tuple(ToolSpec.model_validate(raw) for raw in json.loads(body))

@@ -13,6 +13,7 @@ Where the rest of a turn lives, in the order a turn meets it:
 - ``server_calls.py``: calls sent to the tool workers, gathered with deadlines;
 - ``own_calls.py``: calls the orchestrator runs itself (client tools, ask_user, spawn_agent);
 - ``transcript.py``: the model's view of the conversation, built from SQL;
+  ``running_transcript.py``: the same, read once per runner and kept while it runs;
 - ``approvals.py``: proposal decisions heard on Redis, reconciled from SQL;
 - ``store.py``: every SQL transition; ``lease.py``, ``deliveries.py``: one runner per turn.
 """

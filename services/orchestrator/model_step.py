@@ -1,6 +1,7 @@
 """One model step: offer the tools, send the transcript, stream the answer, store the calls.
 
-The request is built from SQL (``transcript.py``) and fitted to the context budget
+The request is built from the runner's transcript (``running_transcript.py``: read from SQL
+at its first step, kept in memory after) and fitted to the context budget
 (``context_budget.py``). The notes on decided proposals are read again only when the
 approvals feed (``approvals.py``) can't vouch that none was decided since this runner's
 previous step (see ``proposal_notes``). Text deltas go to the event stream as they arrive. Each
@@ -16,7 +17,7 @@ import itertools
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
@@ -69,7 +70,6 @@ from signalbox.services.orchestrator.text_deltas import DeltaBuffer
 from signalbox.services.orchestrator.transcript import (
     OPEN_CALL_STATUSES,
     ProposalNotes,
-    load_messages,
     load_proposal_notes,
 )
 from signalbox.shared.agents import AgentSpec
@@ -163,20 +163,22 @@ def request(runner: TurnRunner, offered: dict[str, Offer], harder: bool = False)
     system = runner.agent.system_prompt  # the turn's agent's (shared/agents.py)
     notes: ProposalNotes = {}
     with runner.rt.sessions() as s:
-        if runner.child:  # a sub-agent proposes nothing: it has read-only tools alone
-            messages = load_messages(s, runner.info.conversation_id, runner.info.turn_id, {})
-        else:
-            notes = proposal_notes(runner, s)
-            messages, _note = compaction.load(s, runner, notes)
+        # A sub-agent proposes nothing: it has read-only tools alone, and no notes.
+        notes = {} if runner.child else proposal_notes(runner, s)
+        # Read from SQL at the runner's first step, kept in memory after (see the module).
+        messages = runner.transcript.sent(s, notes)
     tools = [offered[name].tool_def for name in sorted(offered)]
+    # Shallow: the schemas are only read (``asdict`` deep-copied them, each step).
+    tool_dicts = [
+        {"name": t.name, "description": t.description, "input_schema": t.input_schema}
+        for t in tools
+    ]
     counter = runner.rt.tokens  # exact, each block counted once (token_count.py), or None
     if counter is None:
         count = None
-        overhead = estimate_tokens(system)
-        overhead += estimate_tokens([asdict(t) for t in tools])
+        overhead = estimate_tokens(system) + _tools_estimate(runner, tools, tool_dicts)
     else:
         count = counter.count
-        tool_dicts = [asdict(t) for t in tools]
         counter.prime([system, *tool_dicts, *blocks(messages)])
         overhead = count(system) + sum(count(t) for t in tool_dicts)
     window = window_tokens(runner.agent.model, settings.context_window_tokens)
@@ -191,6 +193,7 @@ def request(runner: TurnRunner, offered: dict[str, Offer], harder: bool = False)
     if not runner.child and (harder or size(messages) > fits):
         compacted = compaction.compact(runner, notes, size, fits, harder)
         if compacted is not None:
+            runner.transcript.reset()  # a new note: the next step reads from it
             messages = compacted
     return ModelRequest(
         system=system,
@@ -200,6 +203,18 @@ def request(runner: TurnRunner, offered: dict[str, Offer], harder: bool = False)
         model=runner.agent.model,
         thinking_budget_tokens=runner.agent.thinking_budget_tokens,
     )
+
+
+def _tools_estimate(
+    runner: TurnRunner, tools: list[ToolDef], tool_dicts: list[dict[str, Any]]
+) -> int:
+    """The estimated tokens of the tools offered, reused while they stay the same."""
+    cached = runner.tools_tokens
+    if cached is not None and cached[0] == tools:
+        return cached[1]
+    tokens = estimate_tokens(tool_dicts)
+    runner.tools_tokens = (tools, tokens)
+    return tokens
 
 
 def output_tokens(agent: AgentSpec) -> int:
@@ -307,7 +322,7 @@ def _store(
         # Billed all the same; the stream was cut before the API said how much (estimated).
         row = usage.cancelled_row(runner, sent, text)
         if text:  # the partial answer stays in the transcript
-            store.store_step(sessions, info, text, [], 0, 0, row)
+            runner.transcript.stored(*store.store_step(sessions, info, text, [], 0, 0, row))
             runner.emit("assistant_message", {"text": text})
         else:
             usage.record(runner, row)
@@ -321,9 +336,10 @@ def _store(
         usage.record(runner, row)  # billed all the same
         return runner.finish("failed", error=str(exc))
     planned = cap_sub_agents(runner, [plan(runner, use, offered) for use in uses])
-    _msg, calls = store.store_step(
+    msg, calls = store.store_step(
         sessions, info, text, planned, end.input_tokens, end.output_tokens, row, thinking
     )
+    runner.transcript.stored(msg, calls)
     runner.emit("assistant_message", {"text": text})
     announce(runner, calls)
     return None

@@ -33,9 +33,11 @@ RESULTS_PER_READ = 64
 HEARTBEAT_CHECK_S = 0.5  # how often the heartbeats of started calls are read while waiting
 
 
-def dispatch(runner: TurnRunner, pending: Sequence[ToolCall], limited: bool = False) -> int:
+def dispatch(
+    runner: TurnRunner, pending: Sequence[ToolCall], limited: bool = False
+) -> tuple[list[ToolCall], int]:
     """Send the step's calls in one batch, then mark them running and announce them;
-    returns how many were held back.
+    returns the calls it started and how many it held back.
 
     Sent before marked: if this runner dies in between, the next one finds the calls
     still pending and sends them again; the tool worker's claim on the call id skips
@@ -61,9 +63,9 @@ def dispatch(runner: TurnRunner, pending: Sequence[ToolCall], limited: bool = Fa
         sendable = [c for c in sendable if c.id in granted]
     if sendable:
         runner.rt.dispatcher.send([(call_request(runner, c), catalogue[c.tool]) for c in sendable])
-    for call in store.mark_running(runner.rt.sessions, [c.id for c in sendable]):
-        runner.emit("tool_call_started", tool_call_started(call))
-    return held
+    started = store.mark_running(runner.rt.sessions, [c.id for c in sendable])
+    runner.emit_many([("tool_call_started", tool_call_started(call)) for call in started])
+    return started, held
 
 
 def call_request(runner: TurnRunner, call: ToolCall) -> ToolCallRequest:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Table, func, or_, select, update
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import CursorResult, Table, bindparam, func, insert, or_, select, update
+from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from signalbox.services.orchestrator.model import ToolUse
 from signalbox.services.orchestrator.transcript import OPEN_CALL_STATUSES
@@ -153,6 +153,9 @@ def earlier_unfinished_turns(sessions: Sessions, info: TurnInfo) -> list[str]:
         )
 
 
+_messages = cast(Table, Message.__table__)
+
+
 def _updated(s: Session, statement: Any) -> bool:
     """Run a conditional ``UPDATE``; True if it changed exactly one row."""
     return cast(CursorResult[Any], s.execute(statement)).rowcount == 1
@@ -162,6 +165,15 @@ def _elapsed_ms(started: datetime | None, now: datetime) -> int:
     """Milliseconds from ``started`` (None: ``now``) to ``now``, never negative."""
     since = as_utc(started) if started else now
     return max(0, int((now - since).total_seconds() * 1000))
+
+
+def _next_seq_sql(conversation_id: str) -> Any:
+    """The conversation's next message seq, as a subquery of the INSERT that takes it."""
+    return (
+        select(func.coalesce(func.max(_messages.c.seq), 0) + 1)
+        .where(_messages.c.conversation_id == conversation_id)
+        .scalar_subquery()
+    )
 
 
 def _next_seq(s: Session, conversation_id: str) -> int:
@@ -256,6 +268,47 @@ def last_assistant_message(
         return msg, calls
 
 
+@dataclass(frozen=True)
+class LoopState:
+    """What the loop reads before each move, in one round trip (``loop_state``)."""
+
+    step: int
+    cancel_requested: bool  # the root turn's committed cancel flag
+    message_id: str | None  # the turn's latest assistant message
+    call_statuses: tuple[str, ...]  # of that message's calls, in position order
+
+
+_root = aliased(Turn)
+# Built once: a statement built per call costs more in SQLAlchemy than SQLite takes to run it.
+_last_message = (
+    select(Message.id)
+    .where(Message.turn_id == bindparam("turn_id"), Message.role == "assistant")
+    .order_by(Message.seq.desc())
+    .limit(1)
+    .scalar_subquery()
+)
+_LOOP_STATE = (
+    select(Turn.step, _root.cancel_requested, _last_message, ToolCall.status)
+    .select_from(Turn)
+    .join(_root, _root.id == bindparam("root_turn_id"))
+    .outerjoin(ToolCall, ToolCall.message_id == _last_message)
+    .where(Turn.id == bindparam("turn_id"))
+    .order_by(ToolCall.position)
+)
+
+
+def loop_state(sessions: Sessions, turn_id: str, root_turn_id: str) -> LoopState:
+    """The turn's step, its root's cancel flag and its latest assistant message's calls, in
+    ONE statement (it was four: the message, its calls, the cancel flag, the step)."""
+    with sessions() as s:
+        rows = s.execute(_LOOP_STATE, {"turn_id": turn_id, "root_turn_id": root_turn_id}).all()
+    if not rows:
+        raise LookupError(f"no turn {turn_id!r}")
+    step, cancel, message_id, _status = rows[0]
+    statuses = tuple(status for *_, status in rows if status is not None)
+    return LoopState(step, bool(cancel), message_id, statuses)
+
+
 def store_step(
     sessions: Sessions,
     info: TurnInfo,
@@ -277,27 +330,50 @@ def store_step(
         for p in planned
     ]
     with sessions() as s, s.begin():
-        turn = s.get(Turn, info.turn_id)
-        if turn is None:
+        # Core statements with RETURNING: no ORM load of the turn, and the message's seq
+        # computed in its own INSERT (was a SELECT max(seq) per stored message).
+        step = s.scalar(
+            update(Turn)
+            .where(Turn.id == info.turn_id)
+            .values(
+                step=Turn.step + 1,
+                input_tokens=Turn.input_tokens + input_tokens,
+                output_tokens=Turn.output_tokens + output_tokens,
+            )
+            .returning(Turn.step)
+            .execution_options(synchronize_session=False)
+        )
+        if step is None:
             raise LookupError(f"no turn {info.turn_id!r}")
-        turn.step += 1
-        turn.input_tokens += input_tokens
-        turn.output_tokens += output_tokens
         msg = Message(
             id=new_id("msg"),
             conversation_id=info.conversation_id,
             turn_id=info.turn_id,
-            seq=_next_seq(s, info.conversation_id),
-            step=turn.step,
+            step=step,
             role="assistant",
             content=content,
             input_tokens=input_tokens,
             output_tokens=output_tokens,
+            created_at=now,
         )
-        s.add(msg)
+        msg.seq = s.execute(
+            insert(_messages)
+            .values(
+                id=msg.id,
+                conversation_id=msg.conversation_id,
+                turn_id=msg.turn_id,
+                seq=_next_seq_sql(info.conversation_id),
+                step=step,
+                role="assistant",
+                content=content,
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+                created_at=now,
+            )
+            .returning(_messages.c.seq)
+        ).scalar_one()
         if request is not None:
             s.add(request)
-        s.flush()  # the message row must exist before calls refer to it
         calls = []
         for position, p in enumerate(planned):
             final = p.status not in OPEN_CALL_STATUSES
@@ -319,6 +395,7 @@ def store_step(
                 else None,
                 finished_at=now if final else None,
                 duration_ms=0 if final else None,
+                attempts=0,
             )
             s.add(call)
             calls.append(call)
@@ -474,22 +551,24 @@ def record_results(sessions: Sessions, rows: Sequence[ResultRow]) -> list[EndedC
     return ended
 
 
+_OPEN_CALLS = (
+    select(ToolCall)
+    .where(ToolCall.turn_id == bindparam("turn_id"), ToolCall.status.in_(OPEN_CALL_STATUSES))
+    .order_by(ToolCall.message_id, ToolCall.position)
+)
+_CANCEL_REQUESTED = select(Turn.cancel_requested).where(Turn.id == bindparam("turn_id"))
+
+
 def open_calls(sessions: Sessions, turn_id: str) -> list[ToolCall]:
     """Calls of the turn that have not ended."""
     with sessions() as s:
-        return list(
-            s.scalars(
-                select(ToolCall)
-                .where(ToolCall.turn_id == turn_id, ToolCall.status.in_(OPEN_CALL_STATUSES))
-                .order_by(ToolCall.message_id, ToolCall.position)
-            )
-        )
+        return list(s.scalars(_OPEN_CALLS, {"turn_id": turn_id}))
 
 
 def cancel_requested(sessions: Sessions, turn_id: str) -> bool:
     """The turn's committed cancel flag."""
     with sessions() as s:
-        return bool(s.scalar(select(Turn.cancel_requested).where(Turn.id == turn_id)))
+        return bool(s.scalar(_CANCEL_REQUESTED, {"turn_id": turn_id}))
 
 
 def finish_turn(

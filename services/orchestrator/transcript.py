@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, get_args
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, bindparam, func, select
 from sqlalchemy.orm import Session, aliased, undefer
 
 from signalbox.shared.db.models import Message, Proposal, ToolCall, Turn, Upload
@@ -195,28 +195,32 @@ def build_messages(
     return out
 
 
+_parent = aliased(Proposal)
+# Built once (a statement built per step cost more than the query takes to run).
+_DECIDED_PROPOSALS = (
+    select(
+        Proposal.id,
+        Proposal.status,
+        Proposal.reason,
+        Proposal.parent_id,
+        func.coalesce(Proposal.call_id, _parent.call_id),
+    )
+    .outerjoin(_parent, _parent.id == Proposal.parent_id)
+    .where(
+        Proposal.conversation_id == bindparam("conversation_id"),
+        Proposal.status.in_(DECIDED_PROPOSAL_STATUSES),
+    )
+    .order_by(Proposal.decided_at, Proposal.id)
+)
+
+
 def load_proposal_notes(session: Session, conversation_id: str) -> dict[str, list[ProposalNote]]:
     """The decided proposals of a conversation, by the id of the call that proposed them.
 
     A partial approval's child proposal has no call of its own: it is told with its
     parent's call.
     """
-    parent = aliased(Proposal)
-    rows = session.execute(
-        select(
-            Proposal.id,
-            Proposal.status,
-            Proposal.reason,
-            Proposal.parent_id,
-            func.coalesce(Proposal.call_id, parent.call_id),
-        )
-        .outerjoin(parent, parent.id == Proposal.parent_id)
-        .where(
-            Proposal.conversation_id == conversation_id,
-            Proposal.status.in_(DECIDED_PROPOSAL_STATUSES),
-        )
-        .order_by(Proposal.decided_at, Proposal.id)
-    ).all()
+    rows = session.execute(_DECIDED_PROPOSALS, {"conversation_id": conversation_id}).all()
     notes: dict[str, list[ProposalNote]] = defaultdict(list)
     for proposal_id, status, reason, parent_id, call_id in rows:
         if call_id is not None:

@@ -46,6 +46,8 @@ from signalbox.services.orchestrator import (
 from signalbox.services.orchestrator.builtin_tools import ALARM, RUN_PLAN
 from signalbox.services.orchestrator.cancel_watch import CancelWatch
 from signalbox.services.orchestrator.lease import TurnLease
+from signalbox.services.orchestrator.model import ToolDef
+from signalbox.services.orchestrator.running_transcript import RunningTranscript
 from signalbox.services.orchestrator.runtime import Runtime
 from signalbox.services.orchestrator.store import (
     CLIENT,
@@ -64,6 +66,9 @@ from signalbox.shared.statuses import CallDecision, CallState, TurnState
 from signalbox.shared.tool_contract import ToolSpec
 
 log = logging.getLogger(__name__)
+
+# Open calls that wait on a human's decision or a client's answer (the turn may park).
+WAITS_ON_SOMEONE = frozenset({CallState.NEEDS_DECISION, CallState.WAITING})
 
 
 class TurnRunner:
@@ -93,6 +98,12 @@ class TurnRunner:
         self.notes = model_step.NotesCache()  # the proposal notes its last model step read
         self.timed_out = False  # the turn's deadline passed (turn_deadline.py)
         self.step_span = spans.StepSpan()  # traced: a model step with its calls
+        # Its conversation's transcript, read once and kept while it runs (SQL on resume).
+        self.transcript = RunningTranscript(
+            info.conversation_id, info.turn_id if self.child else None
+        )
+        # The tools its last step offered and their estimated tokens (model_step.py).
+        self.tools_tokens: tuple[list[ToolDef], int] | None = None
 
     def child_runner(self, info: TurnInfo) -> TurnRunner:
         """A runner for a spawn_agent child turn, under this runner's lease and cancel."""
@@ -116,24 +127,46 @@ class TurnRunner:
                 )
         return self.rt.events.append(self.info.conversation_id, kind, data, self.info.turn_id)
 
+    def emit_many(self, events: Sequence[tuple[EventKind, Mapping[str, Any] | BaseModel]]) -> None:
+        """Append several events of this turn in order: their webhook deliveries in one
+        transaction, then the events in one Redis round trip (``emit``, batched)."""
+        if not events:
+            return
+        payloads: list[tuple[EventKind, Mapping[str, Any]]] = []
+        for kind, data in events:
+            if isinstance(data, BaseModel):
+                data = data.model_dump(mode="json")
+            if self.child:
+                data = {**data, "parent_call_id": self.info.parent_call_id}
+            payloads.append((kind, data))
+        hooked = [(k, d) for k, d in payloads if k in WEBHOOK_EVENT_KINDS]
+        if hooked:  # committed before anyone can see the events
+            info = self.info
+            with self.rt.sessions() as s, s.begin():
+                for kind, data in hooked:
+                    enqueue(s, info.user_id, info.conversation_id, kind, data, info.turn_id)
+        self.rt.events.append_many(self.info.conversation_id, payloads, self.info.turn_id)
+
     def finished(self, call: ToolCall | store.EndedCall, waited_ms: int | None = None) -> None:
         """Announce a call that reached its final status (``waited_ms``: for a decision)."""
+        self.emit(*self._finished_event(call, waited_ms))
+
+    def _finished_event(
+        self, call: ToolCall | store.EndedCall, waited_ms: int | None = None
+    ) -> tuple[EventKind, BaseModel]:
         if waited_ms is None:
             waited_ms = call.waited_ms if isinstance(call, store.EndedCall) else 0
         metrics.tool_call_finished(call.tool, call.status, call.duration_ms)
         if self.rt.tool_slots is not None:
             self.rt.tool_slots.give_back(self.info.user_id, [call.id])
-        self.emit(
-            "tool_call_finished",
-            tool_call_finished(
-                call.id,
-                call.tool,
-                call.status,
-                call.output,
-                call.error,
-                call.duration_ms,
-                waited_ms,
-            ),
+        return "tool_call_finished", tool_call_finished(
+            call.id,
+            call.tool,
+            call.status,
+            call.output,
+            call.error,
+            call.duration_ms,
+            waited_ms,
         )
 
     def record(
@@ -153,8 +186,9 @@ class TurnRunner:
             return
         if self.rt.hooks.has("after_tool"):
             rows = self._after_tool(rows)
-        for done in store.record_results(self.rt.sessions, rows):
-            self.finished(done)
+        ended = store.record_results(self.rt.sessions, rows)
+        self.transcript.ended(ended)
+        self.emit_many([self._finished_event(done) for done in ended])
 
     def _after_tool(self, rows: Sequence[store.ResultRow]) -> list[store.ResultRow]:
         """The rows as the ``after_tool`` hooks leave their outputs; a ``fail_closed`` hook
@@ -222,28 +256,32 @@ class TurnRunner:
     def _loop(self) -> str:
         while True:
             self.lease.check()
-            if self.cancelled(force=True):
+            # One read per move: the step, the cancel flag, the latest step's calls.
+            state = store.loop_state(self.rt.sessions, self.info.turn_id, self.root_turn_id)
+            self._next_cancel_check = time.monotonic() + self.rt.cancel_check_s
+            if state.cancel_requested:
+                self.cancel.set()
+            if self.cancel.is_set():
                 return self.finish(TurnState.CANCELLED)
-            message, calls = store.last_assistant_message(self.rt.sessions, self.info.turn_id)
-            if message is None or calls:
+            statuses = state.call_statuses
+            if state.message_id is None or statuses:
                 # Before a step's calls start and before the next step (never after a
                 # final answer: a turn that ended within its step completed).
                 over = budget.exhausted(self)
                 if over is not None:
                     return self.finish(TurnState.BUDGET_EXCEEDED, over.describe())
-            if message is not None:
-                if any(c.status in OPEN_CALL_STATUSES for c in calls):
+            if state.message_id is not None:
+                if any(status in OPEN_CALL_STATUSES for status in statuses):
                     with self.step_span.current():  # the calls under the step that made them
                         outcome = self._settle()
                     if outcome is not None:
                         return outcome
                     continue
-                if not calls:
+                if not statuses:
                     return self.finish(TurnState.COMPLETED)
-            turn = store.get_turn(self.rt.sessions, self.info.turn_id)
-            if turn.step >= self.max_steps:
+            if state.step >= self.max_steps:
                 return self.finish(TurnState.STEP_LIMIT)
-            self.step_span.begin(turn.step + 1, self.info.turn_id)
+            self.step_span.begin(state.step + 1, self.info.turn_id)
             with self.step_span.current():
                 outcome = model_step.take_step(self)
             if outcome is not None:
@@ -267,20 +305,31 @@ class TurnRunner:
 
     def _settle(self) -> str | None:
         """Drive the open calls of the latest step to their end; an outcome ends the run."""
-        for call in self.open_calls():
+        opened = self.open_calls()
+        on_someone = [c for c in opened if c.status in WAITS_ON_SOMEONE]
+        for call in on_someone:
             if call.status == CallState.NEEDS_DECISION:
                 self._decided_or_expired(call)
-            elif call.status == CallState.WAITING:
+            else:
                 self._maybe_expire_waiting(call)
-        pending = [c for c in self.open_calls() if c.status == CallState.PENDING]
+        if on_someone:
+            opened = self.open_calls()
+        pending = [c for c in opened if c.status == CallState.PENDING]
         server = [c for c in pending if c.executor == SERVER]
-        held = server_calls.dispatch(self, server, limited=True) if server else 0
-        for call in pending:
+        started, held = server_calls.dispatch(self, server, limited=True) if server else ([], 0)
+        own = [c for c in pending if c.executor in (CLIENT, INLINE)]
+        for call in own:
             if call.executor == CLIENT:
                 own_calls.offer_to_client(self, call)
-            elif call.executor == INLINE:
+            else:
                 own_calls.start_inline(self, call)
-        running = [c for c in self.open_calls() if c.status == CallState.RUNNING]
+        if own or len(started) != len(server):
+            running = [c for c in self.open_calls() if c.status == CallState.RUNNING]
+        else:
+            # Nothing but the dispatch moved a call since ``opened`` was read: the calls
+            # running are those that were, and those it started (no third read).
+            ran = [c for c in opened if c.status == CallState.RUNNING]
+            running = sorted([*ran, *started], key=lambda c: (c.message_id, c.position))
         for call in running:
             if call.executor != INLINE:
                 continue
@@ -298,6 +347,10 @@ class TurnRunner:
         if held and not workers:
             if self._wait_for_tool_slots():
                 return self.finish(TurnState.CANCELLED)
+            return None
+        if all(c.executor == SERVER and c.status not in WAITS_ON_SOMEONE for c in opened):
+            # Only calls of the tool workers were open, and gather ended each of them (or
+            # the turn): none can be waiting on a human or a client.
             return None
         now = store.utcnow()
         if any(store.unresolved(c, now) for c in self.open_calls()):

@@ -214,17 +214,18 @@ def test_a_resumed_turn_awaits_its_running_calls_without_dispatching_again(
     h.dispatcher.tools["write_file"] = silent()
     h.model.steps = [say("Writing.", use("write_file", path="a")), say("Proposed.")]
     turn_id = h.turn("write a")
-    original_emit = loop.TurnRunner.emit
+    original_emit_many = loop.TurnRunner.emit_many
 
-    def dies_announcing_calls(self: loop.TurnRunner, kind: Any, data: dict[str, Any]) -> str:
-        if kind == "tool_call_started":
+    def dies_announcing_calls(self: loop.TurnRunner, events: list[tuple[Any, Any]]) -> None:
+        if any(kind == "tool_call_started" for kind, _data in events):
             raise RunnerDied()  # the process dies after the calls were sent and marked running
-        return original_emit(self, kind, data)
+        original_emit_many(self, events)
 
-    monkeypatch.setattr(loop.TurnRunner, "emit", dies_announcing_calls)
+    # A step's calls are announced together (TurnRunner.emit_many), after they were marked.
+    monkeypatch.setattr(loop.TurnRunner, "emit_many", dies_announcing_calls)
     with pytest.raises(RunnerDied):
         h.run(turn_id)
-    monkeypatch.setattr(loop.TurnRunner, "emit", original_emit)
+    monkeypatch.setattr(loop.TurnRunner, "emit_many", original_emit_many)
     [call] = h.calls(turn_id)
     assert call.status == "running"
     # The worker did run it and published while no orchestrator listened.

@@ -1,0 +1,90 @@
+"""The running transcript: read from SQL once, kept in memory, and always what SQL says."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session, sessionmaker
+
+from signalbox.services.orchestrator import store
+from signalbox.services.orchestrator.model import ToolUse
+from signalbox.services.orchestrator.running_transcript import RunningTranscript
+from signalbox.services.orchestrator.transcript import load_messages
+from signalbox.shared.db.models import Message, ToolCall
+from tests.orchestrator.support import make_conversation, make_turn
+
+
+def _started(
+    sessions: sessionmaker[Session], user_id: str, conversation_id: str, text: str, seq: int
+) -> store.TurnInfo:
+    turn_id = make_turn(sessions, conversation_id, user_id, text, seq=seq)
+    info = store.load_turn(sessions, turn_id)
+    assert info is not None
+    store.open_turn(sessions, info, "test-model")
+    return info
+
+
+def _step(
+    sessions: sessionmaker[Session], info: store.TurnInfo, *tools: str
+) -> tuple[Message, list[ToolCall]]:
+    planned = [
+        store.PlannedCall(ToolUse(f"toolu_{info.turn_id}_{n}", tool, {"n": n}), 5.0, "pending")
+        for n, tool in enumerate(tools)
+    ]
+    return store.store_step(sessions, info, f"calling {len(tools)}", planned, 3, 2)
+
+
+def test_the_kept_transcript_is_what_sql_says_after_each_step(
+    db_sessions: sessionmaker[Session], make_user: Callable[[], tuple[str, str]]
+) -> None:
+    user_id, _ = make_user()
+    conversation_id = make_conversation(db_sessions, user_id)
+    first = _started(db_sessions, user_id, conversation_id, "earlier turn", 1)
+    _msg, [old] = _step(db_sessions, first, "read_file")
+    store.record_results(db_sessions, [store.ResultRow(old.id, "ok", "old output", None, 1)])
+    store.finish_turn(db_sessions, first.turn_id, "completed", None)
+    info = _started(db_sessions, user_id, conversation_id, "this turn", 2)
+    kept = RunningTranscript(conversation_id)
+
+    def truth() -> list[dict[str, object]]:
+        with db_sessions() as s:
+            return load_messages(s, conversation_id, notes={})
+
+    def sent() -> list[dict[str, object]]:
+        with db_sessions() as s:
+            return kept.sent(s, {})
+
+    assert sent() == truth()  # the first read is SQL's
+
+    # A step this runner stores and ends itself: added in memory, ends as recorded.
+    msg, calls = _step(db_sessions, info, "read_file", "ask_user")
+    kept.stored(msg, calls)  # as model_step.take_step does with what store_step returns
+    ours, theirs = calls
+    assert sent() == truth()  # neither call has a result yet: no tool_use shown
+    kept.ended(store.record_results(db_sessions, [store.ResultRow(ours.id, "ok", "ours", None, 1)]))
+    # The other call ends elsewhere (a human's answer, the reconciler), not through it.
+    with db_sessions() as s, s.begin():
+        s.execute(
+            update(ToolCall)
+            .where(ToolCall.id == theirs.id)
+            .values(status="timeout", error="nobody answered", output="")
+        )
+    after = sent()
+    assert after == truth()
+    results = [
+        block
+        for message in after
+        if message["role"] == "user"
+        for block in message["content"]  # type: ignore[attr-defined]
+        if block.get("type") == "tool_result"
+    ]
+    assert [r["content"] for r in results] == [
+        "old output",
+        "ours",
+        "the tool timed out after 5 s: nobody answered",
+    ]
+
+    # A new runner (a resumed turn) starts from SQL alone.
+    with db_sessions() as s:
+        assert RunningTranscript(conversation_id).sent(s, {}) == truth()
