@@ -66,22 +66,33 @@ class TurnLease:
         # Who holds it, readable by operators (and chaos tests): host, pid, then a nonce.
         self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
         self.lost = threading.Event()
+        self._renewed_at = time.monotonic()  # of the last acquire or refresh Redis confirmed
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def acquire(self) -> bool:
         """Take the lease if nobody holds it."""
+        self._renewed_at = time.monotonic()  # before the SET: the expiry counts from it
         return bool(self.client.set(self.key, self.token, nx=True, px=self.lease_ms))
 
     def refresh(self) -> bool:
         """Extend the lease; False (and ``lost`` set) if it is no longer ours."""
+        asked_at = time.monotonic()
         try:
             ok = bool(self.client.eval(_REFRESH, 1, self.key, self.token, str(self.lease_ms)))
         except redis.RedisError:
+            if time.monotonic() - self._renewed_at >= self.lease_ms / 1000:
+                # Cut off from Redis longer than the lease: it has expired there whatever
+                # comes next, and another runner may hold the turn. Stop before writing.
+                log.error("lease %s expired while Redis was unreachable", self.key)
+                self.lost.set()
+                return False
             log.warning("could not refresh lease %s; will retry", self.key, exc_info=True)
             return True  # a blip; the lease may still hold until it expires
         if not ok:
             self.lost.set()
+        else:
+            self._renewed_at = asked_at
         return ok
 
     def check(self) -> None:
@@ -97,13 +108,14 @@ class TurnLease:
             log.warning("could not release lease %s; it will expire", self.key, exc_info=True)
 
     def _beat(self) -> None:
-        last = time.monotonic()
+        last = self._renewed_at
         while not self._stop.wait(self.renew_s):
             if not self.refresh():
                 log.error("lease %s was taken over; this runner stops", self.key)
                 return
-            now = time.monotonic()
-            gap, last = now - last, now
+            if self._renewed_at == last:
+                continue  # Redis did not answer: no renewal to time
+            gap, last = self._renewed_at - last, self._renewed_at
             self.longest_gap_s = max(self.longest_gap_s, gap)
             if gap > 2 * self.renew_s:
                 log.warning(

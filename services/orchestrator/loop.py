@@ -130,8 +130,13 @@ def _run_leased(rt: Runtime, info: TurnInfo, lease: TurnLease) -> str:
             except REDIS_DOWN:
                 raise
             except Exception as exc:
-                log.exception("turn %s failed", turn_id)
-                return runner.finish("failed", error=f"{type(exc).__name__}: {exc}")
+                try:  # ``finish`` refuses once the lease is lost: the turn is not ours to end
+                    outcome = runner.finish("failed", error=f"{type(exc).__name__}: {exc}")
+                except LeaseLost:
+                    log.error("turn %s: %s after its lease was lost; leaving it", turn_id, exc)
+                    return "lease_lost"
+                log.error("turn %s failed", turn_id, exc_info=exc)
+                return outcome
     except REDIS_DOWN as exc:
         # Nothing can be announced or dispatched without Redis. The turn stays as SQL has
         # it (running, no lease), and the reconciler resumes it once Redis is back.

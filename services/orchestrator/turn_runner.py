@@ -396,6 +396,10 @@ class TurnRunner:
 
     def finish(self, status: str, error: str | None = None) -> str:
         """End the turn: open calls are cancelled, then ``turn_finished``."""
+        # A runner whose lease is gone (cut off from Redis past it) must not end a turn that
+        # runs elsewhere now: seen in tests/chaos/test_partitions.py as a turn ``failed`` by
+        # the cut-off runner after the new one had taken it over.
+        self.lease.check()
         if status == TurnState.CANCELLED and self.timed_out:
             status = TurnState.TIMED_OUT
             error = f"the turn's time limit of {self.agent.turn_timeout_s:g} s passed"

@@ -30,7 +30,7 @@ def test_docs_and_redoc_load_their_assets_from_the_gateway(gateway: LiveGateway)
         assert asset in html
         assert "cdn.jsdelivr" not in html and "fonts.googleapis" not in html
         assert httpx.get(f"{gateway.url}{asset}").status_code == 200
-    assert "/api/me" in httpx.get(f"{gateway.url}/openapi.json").json()["paths"]
+    assert "/api/me" in httpx.get(f"{gateway.url}/openapi.json", timeout=60).json()["paths"]
 
 
 def test_me_names_the_token_user_and_401s_a_wrong_token(
