@@ -6,6 +6,8 @@ python -m bench --quick --rounds 2    # tiny sizes, for the smoke test (no page)
 python -m bench --only load           # issue 7's load run: 200 conversations at once (~1 min)
 python -m bench --only tracing        # CPU per turn with traces on vs off (~5 min)
 python -m bench --profile             # also profile the services where a target is missed
+python -m bench --only load --postgres postgresql://postgres@127.0.0.1/postgres
+                                      # the load run on PostgreSQL (load@200-postgres)
 """
 
 from __future__ import annotations
@@ -168,6 +170,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--profile", action="store_true", help="also profile the services (an extra pass)"
     )
     parser.add_argument("--keep", type=Path, default=None, help="keep logs and state here")
+    parser.add_argument(
+        "--postgres",
+        default=None,
+        metavar="URL",
+        help="run on a database of its own on this PostgreSQL server (default: SQLite); "
+        "the load benchmark's variant says so (load@200-postgres)",
+    )
     args = parser.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in only if s not in BENCHMARKS]
@@ -221,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     errors: list[dict[str, str]] = []
     profiles: dict[str, list[dict[str, Any]]] = {}
     rounds_used: dict[str, int] = {}
-    env = BenchEnv.start(args.keep)
+    env = BenchEnv.start(args.keep, args.postgres)
     machine = env.machine
     try:
         print(f"machine: {machine.caption()}", flush=True)

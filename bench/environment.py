@@ -71,6 +71,7 @@ class BenchEnv:
     sessions: sessionmaker[Session]
     fd_limit: int
     keep_var: bool = False
+    drop_database: str | None = None  # the PostgreSQL database this run made: "server|name"
     tools_pool: Pool | None = None
     noop_pool: Pool | None = None
     extra_children: list[Child] = field(default_factory=list)
@@ -79,14 +80,21 @@ class BenchEnv:
     # -- start and stop --------------------------------------------------------------------
 
     @classmethod
-    def start(cls, var_dir: Path | None = None) -> BenchEnv:
-        """Start Redis, migrate a fresh database and start the fake model server."""
+    def start(cls, var_dir: Path | None = None, postgres: str | None = None) -> BenchEnv:
+        """Start Redis, migrate a fresh database and start the fake model server.
+
+        ``postgres``: a PostgreSQL server's URL; the run gets a database of its own there
+        (dropped at ``stop``) instead of a SQLite file."""
         fd_limit = raise_fd_limit(FD_LIMIT_WANTED)  # before any child: they inherit it
         keep = var_dir is not None
         var = var_dir or Path(tempfile.mkdtemp(prefix="signalbox-bench-"))
         var.mkdir(parents=True, exist_ok=True)
         server = start_redis(var / "redis", persistent=False)
-        database_url = f"sqlite:///{var / 'signalbox.db'}"
+        drop_database: str | None = None
+        if postgres:
+            database_url, drop_database = _fresh_postgres(postgres)
+        else:
+            database_url = f"sqlite:///{var / 'signalbox.db'}"
         upgrade(database_url)
         fake = FakeAnthropic(split_chunks=False).start()
         config = StackConfig(
@@ -122,7 +130,13 @@ class BenchEnv:
             sessions=make_session_factory(make_engine(database_url)),
             fd_limit=fd_limit,
             keep_var=keep,
+            drop_database=drop_database,
         )
+
+    @property
+    def on_postgres(self) -> bool:
+        """Whether this run's database is PostgreSQL (else a SQLite file)."""
+        return self.database_url.startswith("postgresql")
 
     def stop(self) -> None:
         """Stop every process this run started and remove its files (unless kept)."""
@@ -137,6 +151,8 @@ class BenchEnv:
         self.redis_server.stop()
         if not self.keep_var:
             shutil.rmtree(self.var_dir, ignore_errors=True)
+        if self.drop_database is not None:
+            _drop_postgres(self.drop_database)
 
     def __enter__(self) -> BenchEnv:
         return self
@@ -320,3 +336,29 @@ def proc_tree_cpu_s(pids: list[int]) -> float:
             continue  # it ended between listing and reading
         stack.extend(_children_of(pid))
     return total
+
+
+def _fresh_postgres(server_url: str) -> tuple[str, str]:
+    """A new, empty database on the PostgreSQL server at ``server_url``: (its URL, what
+    ``_drop_postgres`` needs to drop it)."""
+    from sqlalchemy import create_engine, text
+
+    name = f"sbbench_{uuid.uuid4().hex[:10]}"
+    server = make_engine(server_url).url
+    plain = server.render_as_string(hide_password=False)
+    admin = create_engine(plain, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    fresh = server.set(database=name).render_as_string(hide_password=False)
+    return fresh, f"{plain}|{name}"
+
+
+def _drop_postgres(handle: str) -> None:
+    from sqlalchemy import create_engine, text
+
+    server, name = handle.rsplit("|", 1)
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()

@@ -488,7 +488,7 @@ def _result(
     measured = Series(f"turn latency, {n} at once", latencies)
     return Result(
         id="load",
-        variant=str(n),
+        variant=f"{n}-postgres" if env.on_postgres else str(n),
         what=f"{n} conversations at once, one WebSocket client each, each a turn of "
         f"{TOOL_STEPS} steps x {TOOLS_PER_STEP} parallel `{TOOL}` calls then an answer "
         f"(fake model over HTTP); {ORCHESTRATORS} orchestrators, {stack.tool_workers} tool "
