@@ -133,11 +133,16 @@ class SentinelCluster:
                 s = redis.Redis(port=sentinel.port, socket_timeout=1, decode_responses=True)
                 try:
                     state: Any = s.sentinel_master(MASTER_NAME)
+                    replicas: Any = s.sentinel_slaves(MASTER_NAME)
+                except redis.RedisError:
+                    return False
                 finally:
                     s.close()
                 if int(state["num-other-sentinels"]) < len(self.sentinels) - 1:
                     return False
-                if int(state["num-slaves"]) < 1:
+                # A replica the sentinel would promote: up, its link to the master up by its
+                # last INFO (a demoted master resyncing reports it down: NOGOODSLAVE).
+                if not any(_promotable(replica) for replica in replicas):
                     return False
             return True
 
@@ -160,6 +165,16 @@ class SentinelCluster:
     def stop(self) -> None:
         for node in reversed(self.nodes()):
             node.stop()
+
+
+def _promotable(replica: dict[str, Any]) -> bool:
+    return (
+        bool(replica.get("is_slave"))
+        and not replica.get("is_sdown")
+        and not replica.get("is_disconnected")
+        and replica.get("master-link-status") == "ok"
+        and replica.get("master-link-down-time") == 0
+    )
 
 
 def _spawn(name: str, args: list[str], directory: Path) -> subprocess.Popen[bytes]:
