@@ -57,11 +57,13 @@ CATCH_UP_S = 10.0  # after the last turn_finished: time for trailing events to a
 ALONE_TURNS = 5  # baseline: the same turn alone, back to back
 QUICK_ALONE_TURNS = 1
 LOG_SAMPLES = 8  # distinct problem lines kept per process
-# The gateway logs bare messages (no level), Celery "[...: ERROR/MainProcess]": match words.
+# Match words (a traceback's lines carry no level); lines at INFO or DEBUG are not problems,
+# in shared/log_config.py's format ("<time> INFO    gateway uvicorn.error: ...": the logger's
+# name holds "error") or Celery's own ("[...: INFO/MainProcess]").
 _PROBLEM = re.compile(
     r"\b(error|critical|exception|traceback|warning|locked|too many)\b", re.IGNORECASE
 )
-_INFO = re.compile(r": (INFO|DEBUG)/|^INFO:")
+_INFO = re.compile(r": (INFO|DEBUG)/|^INFO:|^\S+ (INFO|DEBUG) ")
 _WARNING = re.compile(r"\bwarn(ing)?\b", re.IGNORECASE)
 _STAMP = re.compile(r"^\[[^\]]*\]\s*|\d{4}-\d\d-\d\d[ T][\d:,.]+\s*")
 

@@ -5,8 +5,10 @@ each Celery worker process: ``worker_init`` for the threads pool, ``worker_proce
 each prefork child, after the fork). It does nothing, and costs nothing beyond the API's
 no-op spans, unless ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``..._TRACES_ENDPOINT``) or
 ``OTEL_TRACES_EXPORTER`` is set. Then it installs the SDK's tracer provider with a
-``BatchSpanProcessor`` and the instrumentations (Celery, Redis, httpx; SQLAlchemy only with
-``SIGNALBOX_TRACE_SQL=true`` and its package installed), and leaves every other ``OTEL_*``
+``BatchSpanProcessor`` and the instrumentations (Celery, httpx; Redis only with
+``SIGNALBOX_TRACE_REDIS=true``, SQLAlchemy only with ``SIGNALBOX_TRACE_SQL=true`` and its
+package installed: a span per command costs a quarter more CPU per turn under load,
+docs/benchmarks.md), and leaves every other ``OTEL_*``
 variable to the SDK itself: the sampler, resource attributes, the exporter's headers,
 timeout and compression, the batch sizes. ``shutdown_tracing()`` flushes what is queued
 (worker shutdown, app shutdown).
@@ -38,6 +40,7 @@ tracer = trace.get_tracer("signalbox")
 
 ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 TRACE_SQL_VAR = "SIGNALBOX_TRACE_SQL"  # SQL spans: off by default (docs/benchmarks.md, cost)
+TRACE_REDIS_VAR = "SIGNALBOX_TRACE_REDIS"  # Redis spans: off by default, for the same reason
 # The standard list of instrumentations not to load (as ``opentelemetry-instrument`` reads it).
 DISABLED_VAR = "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"
 # FastAPI's own telemetry skips these paths: probes and scrapes are noise, and a WebSocket
@@ -159,9 +162,10 @@ def _instrument(provider: Any) -> None:
     child_only = ChildOnlyTracerProvider(provider)
     loaders: dict[str, Any] = {
         "celery": lambda: _load("celery", "CeleryInstrumentor", tracer_provider=provider),
-        "redis": lambda: _load("redis", "RedisInstrumentor", tracer_provider=child_only),
         "httpx": lambda: _load("httpx", "HTTPXClientInstrumentor", tracer_provider=provider),
     }
+    if _truthy(os.environ.get(TRACE_REDIS_VAR)):
+        loaders["redis"] = lambda: _load("redis", "RedisInstrumentor", tracer_provider=child_only)
     if _truthy(os.environ.get(TRACE_SQL_VAR)):
         loaders["sqlalchemy"] = lambda: _load(
             "sqlalchemy", "SQLAlchemyInstrumentor", tracer_provider=child_only

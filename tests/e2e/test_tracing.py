@@ -54,6 +54,7 @@ def traced(
             "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
             "OTEL_BSP_SCHEDULE_DELAY": "200",
+            "SIGNALBOX_TRACE_REDIS": "true",  # off by default; its spans are checked below
         },
     )
     stack = Stack(config)
