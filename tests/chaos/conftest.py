@@ -35,7 +35,7 @@ from signalbox.shared.tool_contract import read_catalogue
 from signalbox.stack import Stack, StackConfig
 from tests.fake_anthropic import FakeAnthropic
 
-LEASE_S = 2.0  # a dead runner's turn is picked up within about twice this
+LEASE_S = 4.0  # the default: a dead runner's turn is picked up within about this + a sweep
 GRACE_S = 1.0
 VISIBILITY_TIMEOUT_S = 3  # tiny: every turn or call longer than this is delivered twice
 TOOL_LIMIT_S = 4.0  # of the test tools ``sleep`` and ``count_calls``

@@ -38,7 +38,7 @@ from .conftest import (
     wait_for,
 )
 
-# Kill → turn_resumed: the lease runs out (LEASE_S), then a reconciler sweep (every LEASE_S)
+# Kill → turn_resumed: the lease runs out (LEASE_S), then an orphan sweep (every 0.5 s)
 # or Celery's redelivery enqueues it; plus a second of scheduling on a busy 2-core machine.
 PICK_UP_S = 2 * LEASE_S + 2.0
 WAIT_STALL_S = 20.0
