@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
 
 from signalbox.shared.db import ApiToken, User, UserLimits, make_engine, make_session_factory
+from signalbox.shared.db.concurrency import insert_or_get
 from signalbox.shared.db.users import create_user, issue_token, revoke_tokens
 
 
@@ -121,10 +122,7 @@ def set_budget(
             raise AdminError(f"expected a budget of 0 tokens or more, got {value}")
     with session_for(database_url) as session:
         user = _user_named(session, name)
-        limits = session.get(UserLimits, user.id)
-        if limits is None:
-            limits = UserLimits(user_id=user.id)
-            session.add(limits)
+        limits = insert_or_get(session, UserLimits, {"user_id": user.id}, ["user_id"])
         limits.day_tokens = day_tokens
         limits.month_tokens = month_tokens
 
@@ -138,10 +136,7 @@ def set_share(database_url: str, name: str, running_turns: int | None, weight: i
         raise AdminError(f"expected a weight of 1 or more, got {weight}")
     with session_for(database_url) as session:
         user = _user_named(session, name)
-        limits = session.get(UserLimits, user.id)
-        if limits is None:
-            limits = UserLimits(user_id=user.id)
-            session.add(limits)
+        limits = insert_or_get(session, UserLimits, {"user_id": user.id}, ["user_id"])
         limits.max_running_turns = running_turns
         limits.weight = weight
 

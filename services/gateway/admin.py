@@ -21,6 +21,7 @@ from signalbox.services.gateway.routes.usage import UsageOut
 from signalbox.shared.admission import Limits, running_by_user, waiting_by_user
 from signalbox.shared.db import User, UserLimits
 from signalbox.shared.db.budgets import budget_states
+from signalbox.shared.db.concurrency import insert_or_get
 from signalbox.shared.db.usage import summarize
 from signalbox.shared.db.users import revoke_tokens
 
@@ -101,10 +102,7 @@ def set_share(
 ) -> ShareReport:
     """Replace ``user_id``'s share with ``change``."""
     _user(session, user_id)
-    own = session.get(UserLimits, user_id)
-    if own is None:
-        own = UserLimits(user_id=user_id)
-        session.add(own)
+    own = insert_or_get(session, UserLimits, {"user_id": user_id}, ["user_id"])
     own.max_running_turns = change.max_running_turns
     own.weight = change.weight
     session.flush()
@@ -151,10 +149,7 @@ def quota_report(session: Session, quotas: Quotas, user_id: str) -> QuotaReport:
 def set_quotas(session: Session, quotas: Quotas, user_id: str, change: QuotaChange) -> QuotaReport:
     """Replace ``user_id``'s own quotas with ``change`` (unset fields: the deployment's)."""
     _user(session, user_id)
-    limits = session.get(UserLimits, user_id)
-    if limits is None:
-        limits = UserLimits(user_id=user_id)
-        session.add(limits)
+    limits = insert_or_get(session, UserLimits, {"user_id": user_id}, ["user_id"])
     limits.quotas = change.model_dump(exclude_none=True) or None
     session.flush()
     return quota_report(session, quotas, user_id)

@@ -15,6 +15,7 @@ from signalbox.services.gateway.metrics import user_class
 from signalbox.services.gateway.state import Gateway
 from signalbox.shared.db import User, UserLimits
 from signalbox.shared.db.budgets import BudgetState, Period, budget_states, exceeded_budget
+from signalbox.shared.db.concurrency import insert_or_get
 from signalbox.shared.timestamps import rfc3339
 
 
@@ -82,10 +83,7 @@ def set_budget(
     """Set ``user_id``'s budgets (None: no budget for that period)."""
     if session.get(User, user_id) is None:
         raise NotFound(f"user {user_id!r} not found")
-    limits = session.get(UserLimits, user_id)
-    if limits is None:
-        limits = UserLimits(user_id=user_id)
-        session.add(limits)
+    limits = insert_or_get(session, UserLimits, {"user_id": user_id}, ["user_id"])
     limits.day_tokens = day_tokens
     limits.month_tokens = month_tokens
     session.flush()
