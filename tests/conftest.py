@@ -15,15 +15,14 @@ from pathlib import Path
 
 import pytest
 import redis
-from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.redis_server import find_or_start_redis
 from signalbox.shared.db import make_engine, make_session_factory
-from signalbox.shared.db.migrate import upgrade
 from signalbox.shared.db.users import create_user
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.stack import Stack, StackConfig
+from tests.databases import own_database
 
 
 @pytest.fixture(scope="session")
@@ -57,39 +56,15 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client.close()
 
 
-def _fresh_postgres(url: str, name: str) -> tuple[str, Callable[[], None]]:
-    admin: Engine = create_engine(
-        make_engine(url).url.render_as_string(hide_password=False), isolation_level="AUTOCOMMIT"
-    )
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    fresh = make_engine(url).url.set(database=name).render_as_string(hide_password=False)
-
-    def drop() -> None:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-    return fresh, drop
-
-
 def _database(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[str]:
     """A migrated database of its own: in the given PostgreSQL server, else a SQLite file."""
-    given = os.environ.get("SIGNALBOX_DATABASE_URL")
-    if given and given.startswith("postgres"):
-        url, drop = _fresh_postgres(given, name)
-    else:
-        url = f"sqlite:///{tmp_path_factory.mktemp(name) / 'signalbox.db'}"
-        drop = None
-    upgrade(url)
-    yield url
-    if drop:
-        drop()
+    with own_database(tmp_path_factory.mktemp(name), name) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
-def database_url(tmp_path_factory: pytest.TempPathFactory, run_id: str) -> Iterator[str]:
-    yield from _database(tmp_path_factory, f"sbtest_{run_id}")
+def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from _database(tmp_path_factory, "test")
 
 
 @pytest.fixture(scope="session")
@@ -100,10 +75,10 @@ def db_sessions(database_url: str) -> Iterator[sessionmaker[Session]]:
 
 
 @pytest.fixture(scope="session")
-def stack_database_url(tmp_path_factory: pytest.TempPathFactory, run_id: str) -> Iterator[str]:
+def stack_database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The shared ``stack``'s own database: its proposals sweeper relays every unsent outbox
     row it finds, so it must not see the rows other tests leave unsent on purpose."""
-    yield from _database(tmp_path_factory, f"sbstack_{run_id}")
+    yield from _database(tmp_path_factory, "stack")
 
 
 @pytest.fixture(scope="session")

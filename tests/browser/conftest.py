@@ -17,9 +17,9 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.shared.db import make_engine, make_session_factory
-from signalbox.shared.db.migrate import upgrade
 from signalbox.shared.db.users import create_user
 from signalbox.stack import Stack, StackConfig
+from tests.databases import database_for
 from tests.fake_anthropic import FakeAnthropic
 
 if TYPE_CHECKING:
@@ -47,6 +47,8 @@ def _missing() -> str | None:
     return None
 
 
+# A Chromium per module: Playwright's sync API runs an event loop in this thread while it is
+# open, and asyncio.run in a later test module would refuse to start beside it.
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     reason = _missing()
@@ -76,14 +78,19 @@ def screenshot(what: Page | Locator, name: str) -> None:
         what.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
 
 
-@pytest.fixture(scope="module")
+# One fake-model stack for the whole browser suite (its start takes 5 to 20 s): every test
+# makes users of its own, and scripts its model replies under a marker of its own.
+@pytest.fixture(scope="session")
 def fake_stack(
-    tmp_path_factory: pytest.TempPathFactory, redis_url: str, run_id: str, internal_token: str
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    redis_url: str,
+    run_id: str,
+    internal_token: str,
 ) -> Iterator[tuple[Stack, FakeAnthropic, sessionmaker[Session]]]:
     """Every service as a real process, the model being the fake Messages API (scripted)."""
     var = tmp_path_factory.mktemp("fake-stack")
-    database_url = f"sqlite:///{var / 'signalbox.db'}"
-    upgrade(database_url)
+    database_url = database_for(request, var, "browser")
     engine = make_engine(database_url)
     fake = FakeAnthropic().start()
     config = StackConfig(
@@ -91,7 +98,7 @@ def fake_stack(
         redis_url=redis_url,
         database_url=database_url,
         internal_token=internal_token,
-        redis_prefix=f"sbtest-{run_id}:fake:",
+        redis_prefix=f"sbtest-{run_id}:fake-{uuid.uuid4().hex[:6]}:",  # one per instance
         extra_env={"ANTHROPIC_API_KEY": "sk-test", "ANTHROPIC_BASE_URL": fake.url},
     )
     stack = Stack(config)

@@ -27,12 +27,12 @@ from websockets.sync.client import ClientConnection, connect
 from signalbox.processes import Child, http_ok, log_contains, wait_until
 from signalbox.redis_server import RedisServer, start_redis
 from signalbox.shared.db import make_engine, make_session_factory
-from signalbox.shared.db.migrate import upgrade
 from signalbox.shared.db.models import Turn
 from signalbox.shared.db.users import create_user
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.tool_contract import read_catalogue
 from signalbox.stack import Stack, StackConfig
+from tests.databases import database_for
 from tests.fake_anthropic import FakeAnthropic
 
 LEASE_S = 4.0  # the default: a dead runner's turn is picked up within about this + a sweep
@@ -186,12 +186,13 @@ def stack_env(fake: FakeAnthropic) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def chaos(tmp_path_factory: pytest.TempPathFactory, internal_token: str) -> Iterator[Chaos]:
+def chaos(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, internal_token: str
+) -> Iterator[Chaos]:
     var = tmp_path_factory.mktemp("chaos")
     redis_dir = var / "redis"
     server = start_redis(redis_dir, persistent=False)
-    database_url = f"sqlite:///{var / 'chaos.db'}"
-    upgrade(database_url)
+    database_url = database_for(request, var, "chaos")
     engine = make_engine(database_url)
     fake = FakeAnthropic().start()
     config = StackConfig(

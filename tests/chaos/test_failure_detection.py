@@ -33,13 +33,13 @@ from signalbox.redis_server import start_redis
 from signalbox.services.orchestrator.lease import holder_pid
 from signalbox.services.tools.test_tools import counter_key
 from signalbox.shared.db import make_engine, make_session_factory
-from signalbox.shared.db.migrate import upgrade
 from signalbox.shared.db.models import ToolCall, Turn
 from signalbox.shared.event_stream import EventStream
 from signalbox.shared.events import Event
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import OrchestratorSettings
 from signalbox.stack import Stack, StackConfig
+from tests.databases import database_for
 from tests.fake_anthropic import FakeAnthropic, stall, text, tool_use
 
 from .conftest import Chaos, Client, event, wait_for
@@ -50,12 +50,13 @@ Figures = Callable[[str, object], None]
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory, internal_token: str) -> Iterator[Chaos]:
+def deployment(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, internal_token: str
+) -> Iterator[Chaos]:
     var = tmp_path_factory.mktemp("detection")
     redis_dir = var / "redis"
     server = start_redis(redis_dir, persistent=True)
-    database_url = f"sqlite:///{var / 'detection.db'}"
-    upgrade(database_url)
+    database_url = database_for(request, var, "detection")
     engine = make_engine(database_url)
     fake = FakeAnthropic().start()
     config = StackConfig(

@@ -29,12 +29,12 @@ from websockets.exceptions import ConnectionClosed
 from signalbox.processes import wait_until
 from signalbox.redis_server import RedisServer
 from signalbox.shared.db import make_engine, make_session_factory
-from signalbox.shared.db.migrate import upgrade
 from signalbox.shared.db.models import ToolCall
 from signalbox.shared.redis_clients import sync_client
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.statuses import UNFINISHED_TURNS, CallState, TurnState
 from signalbox.stack import Stack, StackConfig
+from tests.databases import database_for
 from tests.fake_anthropic import FakeAnthropic, text, tool_use
 from tests.sentinel_cluster import SentinelCluster, start_sentinel_cluster
 
@@ -57,11 +57,12 @@ class Drill:
 
 
 @pytest.fixture(scope="module")
-def drill(tmp_path_factory: pytest.TempPathFactory, internal_token: str) -> Iterator[Drill]:
+def drill(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, internal_token: str
+) -> Iterator[Drill]:
     var = tmp_path_factory.mktemp("failover")
     cluster = start_sentinel_cluster(var / "redis")
-    database_url = f"sqlite:///{var / 'failover.db'}"
-    upgrade(database_url)
+    database_url = database_for(request, var, "failover")
     engine = make_engine(database_url)
     fake = FakeAnthropic().start()
     config = StackConfig(

@@ -20,10 +20,10 @@ from websockets.sync.client import connect
 from signalbox.client import Client, WebSocket
 from signalbox.processes import Child, wait_until
 from signalbox.shared.db import make_engine, make_session_factory
-from signalbox.shared.db.migrate import upgrade
 from signalbox.shared.db.users import create_user
 from signalbox.shared.events import Event
 from signalbox.stack import Stack, StackConfig
+from tests.databases import database_for
 from tests.fake_anthropic import FakeAnthropic, text, tool_use
 
 TURN_TIMEOUT_S = 60.0
@@ -35,11 +35,14 @@ TURN_SERVICES = ("gateway", "orchestrator1", "tools1", "proposals")
 
 @pytest.fixture(scope="module")
 def json_stack(
-    tmp_path_factory: pytest.TempPathFactory, redis_url: str, run_id: str, internal_token: str
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    redis_url: str,
+    run_id: str,
+    internal_token: str,
 ) -> Iterator[tuple[Stack, FakeAnthropic, sessionmaker[Session]]]:
     var = tmp_path_factory.mktemp("json-log-stack")
-    database_url = f"sqlite:///{var / 'signalbox.db'}"
-    upgrade(database_url)
+    database_url = database_for(request, var, "jsonlog")
     engine = make_engine(database_url)
     fake = FakeAnthropic().start()
     stack = Stack(

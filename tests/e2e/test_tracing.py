@@ -18,10 +18,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.client import Client
 from signalbox.shared.db import make_engine, make_session_factory
-from signalbox.shared.db.migrate import upgrade
 from signalbox.shared.db.users import create_user
 from signalbox.shared.events import Event
 from signalbox.stack import Stack, StackConfig
+from tests.databases import database_for
 from tests.fake_anthropic import FakeAnthropic, text, tool_use
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
 
@@ -32,12 +32,15 @@ MARKER = "trace-this-turn"
 
 @pytest.fixture(scope="module")
 def traced(
-    tmp_path_factory: pytest.TempPathFactory, redis_url: str, run_id: str, internal_token: str
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    redis_url: str,
+    run_id: str,
+    internal_token: str,
 ) -> Iterator[tuple[Stack, FakeAnthropic, OtlpReceiver, sessionmaker[Session]]]:
     """A stack whose every process exports its spans to ``OtlpReceiver``."""
     var = tmp_path_factory.mktemp("traced-stack")
-    database_url = f"sqlite:///{var / 'signalbox.db'}"
-    upgrade(database_url)
+    database_url = database_for(request, var, "traced")
     engine = make_engine(database_url)
     fake = FakeAnthropic().start()
     receiver = OtlpReceiver().start()

@@ -13,19 +13,17 @@ from sqlalchemy.orm import Session, sessionmaker
 from signalbox.services.proposals.faults import EXIT_CODE
 from signalbox.services.proposals.journal import JOURNAL_DIR, TEMP_PREFIX
 from signalbox.shared.db import Proposal, make_engine, make_session_factory
-from signalbox.shared.db.migrate import upgrade
 from signalbox.shared.event_stream import EventStream
 from signalbox.shared.redis_keys import RedisKeys
+from tests.databases import database_for
 from tests.proposals.conftest import Approvals, Owner, ServiceProcess, StartService, resolved_rows
 
 
 @pytest.fixture(scope="module")
-def database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
     """A database of this module's own: a crashed decision's outbox row stays unsent until the
     restart, and no other service of the test session (the shared ``stack``) may relay it."""
-    url = f"sqlite:///{tmp_path_factory.mktemp('crash-sql') / 'signalbox.db'}"
-    upgrade(url)
-    return url
+    return database_for(request, tmp_path_factory.mktemp("crash-sql"), "crash")
 
 
 @pytest.fixture(scope="module")

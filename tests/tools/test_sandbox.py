@@ -114,7 +114,9 @@ def test_a_plain_program_runs_in_a_private_scratch_directory_that_is_removed(
 def test_each_attack_ends_in_a_clear_error_and_leaves_nothing(
     tool_env: ToolEnv, attack: str, code: str, expected: str
 ) -> None:
-    result = _run_tool(tool_env, code)
+    # The wall-clock limit far above the 1 s of CPU: on a loaded machine a busy loop can take
+    # over 3 s of wall time to use its second of CPU, and the limit under test is the CPU's.
+    result = _run_tool(tool_env, code, timeout_s=20.0)
     assert result.status == "error", f"{attack}: {result}"
     assert "run_python failed" in (result.error or "") and expected in (result.error or "")
     outcome = run_sandboxed(code, LIMITS)  # again, to learn its uid and cgroup
