@@ -87,6 +87,10 @@ class GatewaySettings(_NeedsInternalToken):
     upload_max_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
     heartbeat_s: float = 15.0
     ws_idle_timeout_s: float = 300.0  # close 1001 when the client sent nothing for this long
+    # permessage-deflate offered by a client is declined unless this is on: events are small
+    # JSON that it shrinks little, and each compressing socket holds ~40 KiB more
+    # (bench `connections`, bench/analysis.md). A client that offers it works either way.
+    ws_per_message_deflate: bool = False
     client_queue_size: int = 1000  # events buffered per socket before a slow reader is closed
     rate_limit_per_minute: int = 600  # WebSocket frames of any type, per user
     # Per-user limits per class of action, in the `limits` notation ("30/minute",

@@ -145,6 +145,7 @@ def server_config(
         port=port,
         ws=WS_PROTOCOL,
         ws_max_size=settings.ws_max_frame_bytes,
+        ws_per_message_deflate=settings.ws_per_message_deflate,
         access_log=False,  # a ticket rides in the /ws query string; redaction covers the rest
         lifespan="on",
         **options,

@@ -7,6 +7,8 @@ budget runs out is ended by the orchestrator (``services/orchestrator/budget.py`
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
@@ -62,19 +64,22 @@ async def budget_report(gateway: Gateway, user_id: str) -> BudgetReport:
     return await gateway.db(read)
 
 
+def check_budget(gateway: Gateway, session: Session, user_id: str, now: datetime) -> bool:
+    """``BudgetExceeded`` if a budget of ``user_id`` is used up at ``now``, else whether the
+    user is an admin (for per-class metrics). Runs in the caller's transaction and thread."""
+    user = session.get(User, user_id)
+    is_admin = bool(user and user.is_admin)
+    over = exceeded_budget(session, user_id, now)
+    if over is None:
+        return is_admin
+    gateway.metrics.budget_refusals.labels(user_class(is_admin), over.period).inc()
+    raise BudgetExceeded(over.describe())
+
+
 async def refuse_over_budget(gateway: Gateway, user_id: str) -> None:
     """``BudgetExceeded`` if a budget of ``user_id`` is used up (nothing is stored)."""
     now = gateway.clock()
-
-    def check(session: Session) -> tuple[BudgetState | None, bool]:
-        user = session.get(User, user_id)
-        return exceeded_budget(session, user_id, now), bool(user and user.is_admin)
-
-    over, is_admin = await gateway.db(check)
-    if over is None:
-        return
-    gateway.metrics.budget_refusals.labels(user_class(is_admin), over.period).inc()
-    raise BudgetExceeded(over.describe())
+    await gateway.db(lambda session: check_budget(gateway, session, user_id, now))
 
 
 def set_budget(

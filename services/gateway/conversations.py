@@ -79,10 +79,16 @@ async def announce_conversation(gateway: Gateway, conversation: Conversation) ->
     make_workspace_dir(
         gateway.settings.workspaces_root, conversation.user_id, conversation.workspace
     )
+    data = conversation_created_data(conversation)
+    await gateway.events.append(conversation.id, "conversation_created", data)
+
+
+def conversation_created_data(conversation: Conversation) -> dict[str, Any]:
+    """The data of a stored conversation's ``conversation_created`` event."""
     data: dict[str, Any] = {"workspace": conversation.workspace, "title": conversation.title}
     if conversation.agent_name is not None:  # bound to an agent, not the default
         data.update(agent=conversation.agent_name, agent_version=conversation.agent_version)
-    await gateway.events.append(conversation.id, "conversation_created", data)
+    return data
 
 
 async def start_conversation(

@@ -12,21 +12,31 @@ to every subscription of its conversation. Joining loses nothing and duplicates 
 3. it then sends the buffered live events and switches to live delivery.
 
 Every event passes one check: its id must be after the last id sent on that subscription.
+
+A live event is relayed as the stream entry's own JSON: the entry (``shared/event_stream.py``
+``encode``) is the event frame less its first three fields, so the frame is those fields
+spliced before the entry's text, with no parse and no re-serialisation (``relay_frame``).
+Only the fields the relay itself needs (id, kind, ts) are read, by one anchored match; an
+entry that does not match (another writer's key order, an unknown kind) takes the old road,
+a full decode (validated, skipped if unreadable) and ``model_dump_json``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import re
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from typing import NamedTuple, Protocol
 
 from redis.asyncio.connection import ConnectionPool
 
 from signalbox.services.gateway.stream_reader import Entry, StreamReader
 from signalbox.shared.event_stream import AsyncEventStream, decode, id_after
-from signalbox.shared.events import Event
+from signalbox.shared.events import EVENT_DATA, Event
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +50,58 @@ RELAY_SOCKET_TIMEOUT_S = FOLLOW_BLOCK_MS / 1000 + 10
 # read follows nearly every event, so past this a second connection takes the next ones.
 STREAMS_PER_READ = 1_000
 
-Deliver = Callable[[Event, str], None]  # queues one event (and its JSON); raises QueueFull
+# The head of a stream entry as ``encode`` writes it: turn id (a plain id or null), ts, kind;
+# the rest of the entry is ``"data":{...}}``. Ids and timestamps never hold a quote or a
+# backslash, so a match is exact.
+_ENTRY_HEAD = re.compile(
+    r'\{"turn_id":(?:null|"[^"\\]*"),"ts":"([^"\\]*)","kind":"([a-z_]+)","data":'
+)
+_KINDS = frozenset(EVENT_DATA)
+
+
+class EventHead(Protocol):
+    """What the relay and its subscribers read of an event besides its frame's text."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def ts(self) -> str: ...
+
+
+class Head(NamedTuple):
+    """An ``EventHead`` read from a stream entry without decoding the rest of it."""
+
+    id: str
+    kind: str
+    ts: str
+
+
+Deliver = Callable[[EventHead, str], None]  # queues one event (and its frame); raises QueueFull
+
+
+def frame_prefix(conversation_id: str) -> str:
+    """The text every ``event`` frame of a conversation starts with, up to its id's value."""
+    # json.dumps: a conversation id is an id, but the frame must stay JSON whatever it holds.
+    return f'{{"type":"event","conversation_id":{json.dumps(conversation_id)},"id":"'
+
+
+def relay_frame(prefix: str, event_id: str, raw: str) -> tuple[EventHead, str] | None:
+    """An event's head and its ``event`` frame built from its stream entry's JSON text
+    (``prefix``: ``frame_prefix`` of its conversation), or None when the entry is not in
+    ``encode``'s shape (the caller decodes it instead).
+
+    The frame holds the same fields in the same order as ``Event.model_dump_json``; only
+    the spelling of the data may differ (non-ASCII escaped as ``\\uXXXX``), not its value.
+    """
+    match = _ENTRY_HEAD.match(raw)
+    if match is None or match.group(2) not in _KINDS:
+        return None
+    # Event ids are Redis stream ids (digits and a dash): nothing in them needs escaping.
+    return Head(event_id, match.group(2), match.group(1)), f'{prefix}{event_id}",{raw[1:]}'
 
 
 class Subscription:
@@ -60,7 +121,7 @@ class Subscription:
         self._deliver = deliver
         self._on_overflow = on_overflow
         self._buffer_limit = buffer_limit
-        self._buffer: deque[tuple[Event, str]] | None = deque()
+        self._buffer: deque[tuple[EventHead, str]] | None = deque()
 
     @property
     def live(self) -> bool:
@@ -74,7 +135,7 @@ class Subscription:
         self.closed = True
         self._on_overflow()
 
-    def offer(self, event: Event, text: str) -> None:
+    def offer(self, event: EventHead, text: str) -> None:
         """Called by the relay for each new event; never blocks."""
         if self.closed:
             return
@@ -94,7 +155,7 @@ class Subscription:
 
     async def catch_up(
         self, first_page: list[Event], stream: AsyncEventStream
-    ) -> AsyncIterator[tuple[Event, str]]:
+    ) -> AsyncIterator[tuple[EventHead, str]]:
         """Yield the stored events from ``first_page`` on, then the buffered ones; go live.
 
         The caller sends each one before asking for the next, so the socket paces the replay.
@@ -112,12 +173,28 @@ class Subscription:
             page = await stream.read_after(self.conversation_id, self.last_id, count=REPLAY_PAGE)
         buffer = self._buffer
         while buffer and not self.closed:
-            event, text = buffer.popleft()
-            if self._is_new(event.id):
-                self.last_id = event.id
-                yield event, text
+            head, text = buffer.popleft()
+            if self._is_new(head.id):
+                self.last_id = head.id
+                yield head, text
         # No await between the buffer running dry and this switch, so nothing slips between.
         self._buffer = None
+
+
+def _relayed(followed: _Followed, event_id: str, fields: list[str]) -> tuple[EventHead, str] | None:
+    """One stream entry as (head, frame text); None (logged) for an entry that is no event."""
+    if len(fields) == 2 and fields[0] == "e" and isinstance(fields[1], str):  # encode's entry
+        relayed = relay_frame(followed.frame_prefix, event_id, fields[1])
+        if relayed is not None:
+            return relayed
+    conversation_id = followed.conversation_id
+    entry = dict(zip(fields[::2], fields[1::2], strict=True))
+    try:
+        event = decode(conversation_id, event_id, entry)
+    except (ValueError, TypeError) as exc:  # not an event: skipped, not fatal
+        log.error("relay %s: unreadable entry %s: %s", conversation_id, event_id, exc)
+        return None
+    return event, event.model_dump_json()
 
 
 class _Followed:
@@ -126,6 +203,7 @@ class _Followed:
     def __init__(self, conversation_id: str, key: str) -> None:
         self.conversation_id = conversation_id
         self.key = key
+        self.frame_prefix = frame_prefix(conversation_id)
         self.subscriptions: set[Subscription] = set()
         self.reader: StreamReader | None = None  # set once its starting position is known
         self.started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -246,18 +324,12 @@ class RelayHub:
         if followed is None:
             return
         for event_id, fields in entries:
-            try:
-                event = decode(
-                    followed.conversation_id,
-                    event_id,
-                    dict(zip(fields[::2], fields[1::2], strict=True)),
-                )
-            except (ValueError, TypeError) as exc:  # not an event: skipped, not fatal
-                log.error("relay %s: unreadable entry %s: %s", key, event_id, exc)
+            relayed = _relayed(followed, event_id, fields)
+            if relayed is None:
                 continue
-            text = event.model_dump_json()
+            head, text = relayed
             for subscription in list(followed.subscriptions):
-                subscription.offer(event, text)
+                subscription.offer(head, text)
 
     async def aclose(self) -> None:
         """Stop every reader (gateway shutdown)."""

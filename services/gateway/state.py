@@ -15,8 +15,10 @@ import httpx
 import redis.asyncio as aioredis
 import redis.exceptions
 from celery import Celery
+from redis import Redis as SyncRedis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.retry import Retry as SyncRetry
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -28,7 +30,7 @@ from signalbox.shared.admission import Limits, admit
 from signalbox.shared.celery_app import ORCHESTRATOR_QUEUE, RUN_TURN_TASK, make_celery
 from signalbox.shared.db import make_engine, make_session_factory
 from signalbox.shared.event_stream import AsyncEventStream
-from signalbox.shared.redis_clients import async_client, async_pool, is_sentinel
+from signalbox.shared.redis_clients import async_client, async_pool, is_sentinel, sync_client
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import GatewaySettings
 
@@ -45,6 +47,15 @@ RECONNECTING: dict[str, Any] = {
 # MaxConnectionsError on the 101st command in flight, which a burst of frames reaches.
 POOL_SIZE = 100  # connections of each pool (requests; replays), per gateway process
 POOL_WAIT_S = 10.0  # a command waits this long for one before answering `unavailable`
+
+
+def _thread_client(url: str) -> SyncRedis:
+    """The client of the turn submission's worker thread (turns.py), retrying as the pools."""
+    retries = {
+        "retry": SyncRetry(ExponentialBackoff(cap=1.0, base=0.05), 3),
+        "retry_on_error": [redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
+    }
+    return sync_client(url, decode_responses=True, **({} if is_sentinel(url) else retries))
 
 
 def _pooled_client(url: str) -> aioredis.Redis:
@@ -74,6 +85,9 @@ class Gateway:
     limits: RateLimits
     quotas: Quotas
     metrics: GatewayMetrics
+    # A blocking client for work already in a worker thread: a turn's submission stores it,
+    # appends its events and sends run_turn in one thread hop (turns.py), not four.
+    thread_redis: SyncRedis
     # "Now" for token budgets' periods (budgets.py); tests replace it with a clock they move.
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
 
@@ -109,6 +123,7 @@ class Gateway:
             limits=RateLimits.build(client, keys, settings, metrics),
             quotas=Quotas(settings, metrics),
             metrics=metrics,
+            thread_redis=_thread_client(settings.redis_url),
         )
 
     async def aclose(self) -> None:
@@ -117,6 +132,7 @@ class Gateway:
         await self.hub.stream.client.aclose()
         await self.http.aclose()
         await self.redis.aclose()
+        self.thread_redis.close()
         self.engine.dispose()
 
     async def db(self, fn: Callable[[Session], T]) -> T:
@@ -132,21 +148,29 @@ class Gateway:
 
     async def enqueue_turn(self, turn_id: str) -> None:
         """Send ``orchestrator.run_turn(turn_id)`` (kombu publishes blocking: in a thread)."""
+        await anyio.to_thread.run_sync(self.send_run_turn, turn_id)
 
-        def send() -> None:
-            self.celery.send_task(RUN_TURN_TASK, args=[turn_id], queue=ORCHESTRATOR_QUEUE)
+    def send_run_turn(self, turn_id: str) -> None:
+        """Send ``orchestrator.run_turn(turn_id)``; blocking, for a worker thread."""
+        self.celery.send_task(RUN_TURN_TASK, args=[turn_id], queue=ORCHESTRATOR_QUEUE)
 
-        await anyio.to_thread.run_sync(send)
+    def admit_and_send(self) -> list[str]:
+        """``admit_waiting_turns``, blocking, for a worker thread (committed before sending:
+        a turn admitted but never sent is found by the reconciler's next sweep)."""
+        limits = Limits.of(self.settings)
+        prefix = self.settings.redis_prefix
+        with self.sessions() as session:
+            admitted = admit(session, limits, prefix)
+            session.commit()
+        for turn_id in admitted:
+            self.send_run_turn(turn_id)
+        return admitted
 
     async def admit_waiting_turns(self) -> list[str]:
         """An admission pass (``shared/admission.py``), then ``run_turn`` for each turn it
-        admitted (any user's: a slot may have been waiting for a turn of someone else)."""
-        limits = Limits.of(self.settings)
-        prefix = self.settings.redis_prefix
-        admitted = await self.db(lambda session: admit(session, limits, prefix))
-        for turn_id in admitted:
-            await self.enqueue_turn(turn_id)
-        return admitted
+        admitted (any user's: a slot may have been waiting for a turn of someone else); both
+        in one worker thread."""
+        return await anyio.to_thread.run_sync(self.admit_and_send)
 
     def internal_headers(self, user_id: str) -> dict[str, str]:
         """Headers of an internal call to another service on behalf of ``user_id``."""

@@ -13,14 +13,15 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+import anyio.to_thread
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from signalbox.services.gateway.agents import bind_agent, check_bound_agent
-from signalbox.services.gateway.budgets import refuse_over_budget
+from signalbox.services.gateway.budgets import check_budget
 from signalbox.services.gateway.conversations import (
     TITLE_CHARS,
-    announce_conversation,
+    conversation_created_data,
     create_conversation,
 )
 from signalbox.services.gateway.errors import Conflict, TurnBusy, Unavailable
@@ -29,10 +30,12 @@ from signalbox.services.gateway.ownership import owned_conversation, owned_turn
 from signalbox.services.gateway.quotas import Quotas
 from signalbox.services.gateway.state import Gateway
 from signalbox.services.gateway.uploads import owned_attachments
+from signalbox.services.gateway.workspaces import make_workspace_dir
 from signalbox.shared.db import Conversation, Turn, User
 from signalbox.shared.db.concurrency import lock_row
 from signalbox.shared.db.models import as_utc, now
-from signalbox.shared.events import Attachment
+from signalbox.shared.event_stream import STREAM_MAXLEN, encode
+from signalbox.shared.events import EventKind
 from signalbox.shared.ids import new_id
 from signalbox.shared.log_context import log_context
 from signalbox.shared.protocol import ClientToolSpec
@@ -178,27 +181,88 @@ def _add_turn(
     return turn
 
 
-async def _stored(
+def _entry(kind: EventKind, data: dict[str, Any], turn_id: str | None) -> dict[Any, Any]:
+    """``encode``'s stream entry, typed for redis-py's ``xadd``."""
+    return dict(encode(kind, data, turn_id))
+
+
+@dataclass
+class _Stored:
+    """What a submission's worker thread did: stored (or found) the turn, and for a new one
+    appended its events, then ran an admission pass and sent what it admitted."""
+
+    inserted: _Inserted
+    queued_event_id: str | None = None
+    enqueue_error: Exception | None = None
+
+
+def _store_and_send(
     gateway: Gateway,
     user_id: str,
     upload_ids: Sequence[str] | None,
     insert: Callable[[Session], _Inserted],
-) -> tuple[_Inserted, list[Attachment]]:
-    """Run ``insert`` in one transaction after checking the turn's attachments are the
-    user's own uploads (``NotFound`` otherwise: no turn is stored); a new turn keeps them."""
+    queued: dict[str, Any],
+) -> _Stored:
+    """A turn's submission, blocking, in one worker thread (a thread hop each for the budget
+    check, the insert, the admission pass and the Celery publish made most of the ``ack``).
 
-    def run(session: Session) -> tuple[_Inserted, list[Attachment]]:
+    In order: the budget check and ``insert`` in one transaction (the turn keeps the user's
+    own uploads it names, ``NotFound`` otherwise, nothing stored); then, for a new turn, the
+    conversation's workspace directory, its ``conversation_created`` (a new one), the
+    cancels of turns it interrupts and its ``turn_queued``, in one pipeline; then an
+    admission pass and its ``run_turn`` messages, so ``turn_queued`` is in the stream
+    before any runner starts. Whatever fails after the commit leaves the turn stored, queued.
+    """
+    now = gateway.clock()
+    with gateway.sessions() as session:
+        is_admin = check_budget(gateway, session, user_id, now)
         attached = owned_attachments(session, user_id, upload_ids)
         inserted = insert(session)
-        user = session.get(User, user_id)
-        inserted.user_class = user_class(bool(user and user.is_admin))
+        inserted.user_class = user_class(is_admin)
         if inserted.created:
             inserted.turn.deployment = gateway.settings.redis_prefix  # whose queues run it
             if attached:
                 inserted.turn.attachments = [a.upload_id for a in attached]
-        return inserted, attached
-
-    return await gateway.db(run)
+        session.commit()
+    stored = _Stored(inserted)
+    if not inserted.created:
+        return stored
+    turn, conversation = inserted.turn, inserted.conversation
+    if attached:
+        queued["attachments"] = [a.model_dump(mode="json") for a in attached]
+    pipe = gateway.thread_redis.pipeline(transaction=False)
+    if conversation is not None:
+        make_workspace_dir(gateway.settings.workspaces_root, user_id, conversation.workspace)
+        pipe.xadd(
+            gateway.keys.events(conversation.id),
+            _entry("conversation_created", conversation_created_data(conversation), None),
+            maxlen=STREAM_MAXLEN,
+            approximate=True,
+        )
+    for earlier in inserted.interrupted:
+        pipe.publish(gateway.keys.control_channel, cancel_message(earlier))
+    pipe.xadd(
+        gateway.keys.events(turn.conversation_id),
+        _entry("turn_queued", queued, turn.id),
+        maxlen=STREAM_MAXLEN,
+        approximate=True,
+    )
+    stored.queued_event_id = str(pipe.execute()[-1])
+    gateway.metrics.turns_queued.labels(inserted.user_class).inc()
+    # The run_turn message carries these ids to the orchestrator's log lines.
+    with log_context(conversation_id=turn.conversation_id, turn_id=turn.id, user_id=user_id):
+        try:
+            # Started now if its user's fair share allows (shared/admission.py); otherwise
+            # it waits in SQL, holding nothing, until a slot frees.
+            gateway.admit_and_send()
+        except Exception as exc:
+            # The turn stays queued in SQL; every orchestrator's reconciler admits waiting
+            # turns on each sweep, so a retry of the send is not needed.
+            log.error("could not admit or enqueue turn %s: %s", turn.id, exc)
+            stored.enqueue_error = exc
+        else:
+            log.info("turn %s queued", turn.id)
+    return stored
 
 
 def client_tools_json(specs: Sequence[ClientToolSpec] | None) -> list[dict[str, Any]] | None:
@@ -259,68 +323,37 @@ async def _submit_turn(
     agent: str | None,
     attachments: Sequence[str] | None,
 ) -> SubmittedTurn:
-    await refuse_over_budget(gateway, user_id)
+    queued: dict[str, Any] = {"text": text, "client_turn_id": client_turn_id}
+    insert: Callable[[Session], _Inserted]
     if conversation_id is None:
-        inserted, attached = await _stored(
-            gateway,
-            user_id,
-            attachments,
-            lambda s: _insert_first_turn(
-                s, user_id, workspace, text, client_turn_id, client_tools, agent, gateway.quotas
-            ),
+        insert = lambda s: _insert_first_turn(  # noqa: E731
+            s, user_id, workspace, text, client_turn_id, client_tools, agent, gateway.quotas
         )
     else:
-        cid = conversation_id
-        inserted, attached = await _stored(
-            gateway,
-            user_id,
-            attachments,
-            lambda s: _insert_turn(
-                s,
-                user_id,
-                cid,
-                text,
-                client_turn_id,
-                client_tools,
-                gateway.settings.busy_policy,
-                agent,
-            ),
+        cid, busy_policy = conversation_id, gateway.settings.busy_policy
+        insert = lambda s: _insert_turn(  # noqa: E731
+            s, user_id, cid, text, client_turn_id, client_tools, busy_policy, agent
         )
+    stored = await anyio.to_thread.run_sync(
+        _store_and_send, gateway, user_id, attachments, insert, queued
+    )
+    inserted = stored.inserted
     turn = inserted.turn
     conv_id = turn.conversation_id
     if not inserted.created:
         if turn.status == TurnState.QUEUED:
             await _send_again(gateway, turn.id)
         return SubmittedTurn(conv_id, turn.id, created=False)
-    if inserted.conversation is not None:
-        await announce_conversation(gateway, inserted.conversation)
-    for earlier in inserted.interrupted:
-        await publish_cancel(gateway, earlier)
-    queued: dict[str, Any] = {"text": text, "client_turn_id": client_turn_id}
-    if attached:
-        queued["attachments"] = [a.model_dump(mode="json") for a in attached]
-    event_id = await gateway.events.append(conv_id, "turn_queued", queued, turn.id)
-    gateway.metrics.turns_queued.labels(inserted.user_class).inc()
-    # The run_turn message carries these ids to the orchestrator's log lines.
-    with log_context(conversation_id=conv_id, turn_id=turn.id, user_id=user_id):
-        try:
-            # Started now if its user's fair share allows (shared/admission.py); otherwise
-            # it waits in SQL, holding nothing, until a slot frees.
-            await gateway.admit_waiting_turns()
-        except Exception as exc:
-            # The turn stays queued in SQL; every orchestrator's reconciler admits waiting
-            # turns on each sweep, so a retry of the send is not needed.
-            log.error("could not admit or enqueue turn %s: %s", turn.id, exc)
-            raise Unavailable(
-                f"turn {turn.id!r} is stored but could not be enqueued: {exc}"
-            ) from exc
-        log.info("turn %s queued", turn.id)
+    if stored.enqueue_error is not None:
+        raise Unavailable(
+            f"turn {turn.id!r} is stored but could not be enqueued: {stored.enqueue_error}"
+        ) from stored.enqueue_error
     return SubmittedTurn(
         conv_id,
         turn.id,
         created=True,
         new_conversation=inserted.conversation is not None,
-        queued_event_id=event_id,
+        queued_event_id=stored.queued_event_id,
     )
 
 
@@ -345,11 +378,14 @@ async def _send_again(gateway: Gateway, turn_id: str) -> None:
         raise Unavailable(f"turn {turn_id!r} is stored but could not be enqueued: {exc}") from exc
 
 
+def cancel_message(turn_id: str) -> str:
+    """The control channel's message that ``turn_id`` is to stop."""
+    return json.dumps({"type": "cancel", "turn_id": turn_id})
+
+
 async def publish_cancel(gateway: Gateway, turn_id: str) -> None:
     """Tell every orchestrator that ``turn_id`` is to stop."""
-    await gateway.redis.publish(
-        gateway.keys.control_channel, json.dumps({"type": "cancel", "turn_id": turn_id})
-    )
+    await gateway.redis.publish(gateway.keys.control_channel, cancel_message(turn_id))
 
 
 async def cancel_turn(gateway: Gateway, user_id: str, turn_id: str) -> dict[str, Any]:

@@ -23,8 +23,8 @@ from signalbox.services.gateway import interactions, proposals_client, tool_deci
 from signalbox.services.gateway.errors import BadInput, GatewayError, ReplayGapError
 from signalbox.services.gateway.metrics import user_class
 from signalbox.services.gateway.ownership import owned_conversation
-from signalbox.services.gateway.rate_limit import FRAME_ACTIONS
-from signalbox.services.gateway.relay import Subscription
+from signalbox.services.gateway.rate_limit import FRAME_ACTIONS, Action
+from signalbox.services.gateway.relay import EventHead, Subscription
 from signalbox.services.gateway.state import Gateway
 from signalbox.shared.db import User
 from signalbox.shared.event_stream import ReplayGap, check_event_id
@@ -57,7 +57,7 @@ TRY_AGAIN_LATER = 1013  # a reader too slow for its queue
 INTERNAL_ERROR = 1011
 
 
-def event_age_s(event: Event) -> float:
+def event_age_s(event: EventHead) -> float:
     """Seconds since ``event.ts`` (0 if the timestamp cannot be read)."""
     try:
         ts = datetime.fromisoformat(event.ts)
@@ -70,7 +70,7 @@ def event_age_s(event: Event) -> float:
 class _Live:
     """A writer job: one live event (counted for the relay latency)."""
 
-    event: Event
+    event: EventHead
     text: str
 
 
@@ -83,6 +83,13 @@ class _CatchUp:
     req: str | None
 
 
+class _Heartbeat:
+    """A writer job: a heartbeat, its ``ts`` taken when it is sent."""
+
+
+_HEARTBEAT = _Heartbeat()
+
+
 class WsSession:
     """The state of one connection: its user, subscriptions and outgoing queue."""
 
@@ -90,13 +97,21 @@ class WsSession:
         self.gateway = gateway
         self.websocket = websocket
         self.user_id = user_id
-        self.queue: asyncio.Queue[str | _Live | _CatchUp] = asyncio.Queue(
+        self.queue: asyncio.Queue[str | _Live | _CatchUp | _Heartbeat] = asyncio.Queue(
             maxsize=gateway.settings.client_queue_size
         )
         self.subscriptions: dict[str, Subscription] = {}
         self.close_code: int | None = None
-        self._closing = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        # A future, not an Event waited on by a task: an idle socket holds only its reader
+        # and writer tasks (what each socket holds is most of a gateway's memory at rest).
+        self._closing: asyncio.Future[None] = self._loop.create_future()
         self._user_class: str | None = None  # for per-class metrics, read at the first frame
+        # One timer per socket for both the heartbeat and the idle timeout, re-armed when it
+        # fires rather than on every frame (a timeout around each read and each queue wait
+        # cost a timer and, for ``wait_for``, a task, per frame and per socket).
+        self._last_sent = self._last_received = self._loop.time()
+        self._timer: asyncio.TimerHandle | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -105,16 +120,20 @@ class WsSession:
         tasks = {
             asyncio.create_task(self._read_loop(), name="ws-reader"),
             asyncio.create_task(self._write_loop(), name="ws-writer"),
-            asyncio.create_task(self._closing.wait(), name="ws-closing"),
         }
+        self._arm()
         try:
-            done, _pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
+            done, _pending = await asyncio.wait(
+                {*tasks, self._closing}, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in done & tasks:
                 exc = task.exception()
                 if exc is not None and not isinstance(exc, WebSocketDisconnect):
                     log.error("websocket session failed", exc_info=exc)
                     self.request_close(INTERNAL_ERROR)
         finally:
+            if self._timer is not None:
+                self._timer.cancel()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -130,11 +149,37 @@ class WsSession:
         if self.close_code is None:
             self.close_code = code
             self.gateway.metrics.closes.labels(str(code)).inc()
-        self._closing.set()
+        if not self._closing.done():
+            self._closing.set_result(None)
+
+    def _arm(self) -> None:
+        settings = self.gateway.settings
+        due = min(
+            self._last_sent + settings.heartbeat_s,
+            self._last_received + settings.ws_idle_timeout_s,
+        )
+        self._timer = self._loop.call_at(due, self._tick)
+
+    def _tick(self) -> None:
+        """The socket's timer: close it if the client was silent too long, else queue a
+        heartbeat if nothing was sent for ``heartbeat_s``; then wait for the next one due."""
+        self._timer = None
+        if self._closing.done():
+            return
+        now = self._loop.time()
+        if now >= self._last_received + self.gateway.settings.ws_idle_timeout_s:
+            # Only what the client sends counts: the server's heartbeats keep nothing open.
+            self.request_close(GOING_AWAY)
+            return
+        if now >= self._last_sent + self.gateway.settings.heartbeat_s:
+            self._last_sent = now  # counted from now, whenever the writer gets to it
+            with contextlib.suppress(asyncio.QueueFull):  # a full queue is not idle anyway
+                self.queue.put_nowait(_HEARTBEAT)
+        self._arm()
 
     # -- outgoing --------------------------------------------------------------------------
 
-    def _put(self, item: str | _Live | _CatchUp) -> None:
+    def _put(self, item: str | _Live | _CatchUp | _Heartbeat) -> None:
         try:
             self.queue.put_nowait(item)
         except asyncio.QueueFull:
@@ -149,7 +194,7 @@ class WsSession:
         self.gateway.metrics.errors.labels(code).inc()
         self.send(ErrorFrame(req=req, code=code, message=message))
 
-    def _deliver(self, event: Event, text: str) -> None:
+    def _deliver(self, event: EventHead, text: str) -> None:
         self.queue.put_nowait(_Live(event, text))  # QueueFull is the subscription's to handle
 
     def _overflow(self) -> None:
@@ -157,22 +202,21 @@ class WsSession:
         self.request_close(TRY_AGAIN_LATER)
 
     async def _write_loop(self) -> None:
-        heartbeat_s = self.gateway.settings.heartbeat_s
+        send_text, queue, loop = self.websocket.send_text, self.queue, self._loop
+        metrics = self.gateway.metrics
         while True:
-            try:
-                item = await asyncio.wait_for(self.queue.get(), timeout=heartbeat_s)
-            except TimeoutError:
-                await self.websocket.send_text(Heartbeat(ts=utc_now()).model_dump_json())
-                continue
+            item = await queue.get()
             if isinstance(item, str):
-                await self.websocket.send_text(item)
+                await send_text(item)
             elif isinstance(item, _Live):
-                await self.websocket.send_text(item.text)
-                metrics = self.gateway.metrics
+                await send_text(item.text)
                 metrics.events_relayed.labels(item.event.kind).inc()
                 metrics.relay_latency.observe(event_age_s(item.event))
+            elif isinstance(item, _Heartbeat):
+                await send_text(Heartbeat(ts=utc_now()).model_dump_json())
             else:
                 await self._catch_up(item)
+            self._last_sent = loop.time()
 
     async def _catch_up(self, job: _CatchUp) -> None:
         subscription = job.subscription
@@ -209,14 +253,11 @@ class WsSession:
         return isinstance(raw, str) and len(raw) * 4 > limit and len(raw.encode()) > limit
 
     async def _read_loop(self) -> None:
-        idle_s = self.gateway.settings.ws_idle_timeout_s
+        receive, loop = self.websocket.receive, self._loop
         while True:
-            try:
-                # Only what the client sends counts: the server's heartbeats keep nothing open.
-                message = await asyncio.wait_for(self.websocket.receive(), idle_s)
-            except TimeoutError:
-                self.request_close(GOING_AWAY)
-                return
+            # The idle timeout runs while the reader waits (``_tick``), not while it handles.
+            self._last_received = loop.time()
+            message = await receive()
             if message["type"] == "websocket.disconnect":
                 return
             raw: str | bytes | None = message.get("text")
@@ -254,11 +295,9 @@ class WsSession:
         """Count the frame against the user's limits (``frames``, and its action's class)."""
         if self._user_class is None:
             self._user_class = await self.gateway.db(lambda s: _user_class_of(s, self.user_id))
-        limits = self.gateway.limits
-        await limits.hit("frames", self.user_id, self._user_class)
         action = FRAME_ACTIONS.get(frame_type)
-        if action is not None:
-            await limits.hit(action, self.user_id, self._user_class)
+        actions: list[Action] = ["frames"] if action is None else ["frames", action]
+        await self.gateway.limits.hit_many(actions, self.user_id, self._user_class)
 
     async def dispatch(self, frame: ClientFrame) -> None:
         """Do what one parsed frame asks."""

@@ -74,3 +74,22 @@ async def test_default_allows_only_the_gateways_own_origin(
         await _refused(gateway.ws_url, additional_headers=headers, origin="http://localhost:1")
         == 403
     )
+
+
+@pytest.mark.parametrize("enabled", [False, True], ids=["default", "deflate-on"])
+async def test_compression_is_declined_unless_turned_on_and_clients_connect_either_way(
+    start_gateway: Callable[..., LiveGateway],
+    make_user: Callable[[], tuple[str, str]],
+    enabled: bool,
+) -> None:
+    """A client offering permessage-deflate (as browsers do) is answered without it by
+    default (SIGNALBOX_WS_PER_MESSAGE_DEFLATE), and still talks; with it on, it gets it."""
+    gateway = start_gateway(ws_per_message_deflate=enabled)
+    _, token = make_user()
+    async with await websockets.connect(
+        gateway.ws_url, additional_headers=bearer(token), compression="deflate"
+    ) as ws:
+        extensions = [e.name for e in ws.protocol.extensions]
+        assert extensions == (["permessage-deflate"] if enabled else [])
+        await ws.send(json.dumps({"type": "ping", "req": "1"}))
+        assert (await recv(ws))["type"] == "pong"

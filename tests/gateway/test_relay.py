@@ -12,10 +12,10 @@ import httpx
 import pytest
 import redis
 
-from signalbox.services.gateway.relay import Subscription
+from signalbox.services.gateway.relay import Subscription, frame_prefix, relay_frame
 from signalbox.services.gateway.state import Gateway
-from signalbox.shared.event_stream import EventStream
-from signalbox.shared.events import Event, utc_now
+from signalbox.shared.event_stream import EventStream, decode, encode
+from signalbox.shared.events import Event, EventKind, utc_now
 from tests.gateway.conftest import (
     LiveGateway,
     bearer,
@@ -248,3 +248,38 @@ def test_catch_up_skips_what_the_replay_already_sent() -> None:
     subscription.offer(_event("1-4"), "1-4")
     subscription.offer(_event("1-5"), "1-5")
     assert sent == ["1-5"]
+
+
+# -- frames relayed as stored ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "data", "turn_id"),
+    [
+        ("text_delta", {"text": "plain"}, "turn_x"),
+        ("text_delta", {"text": 'quotes " \\ and ünïcode ✓'}, "turn_x"),
+        ("conversation_created", {"workspace": "default", "title": "t"}, None),
+        (
+            "tool_call_finished",
+            {"call_id": "c", "tool": "t", "status": "ok", "output": "1e-07", "duration_ms": 1},
+            "turn_y",
+        ),
+    ],
+)
+def test_a_stream_entry_is_relayed_as_the_frame_a_decode_would_have_sent(
+    kind: EventKind, data: dict[str, Any], turn_id: str | None
+) -> None:
+    raw = encode(kind, data, turn_id)["e"]
+    relayed = relay_frame(frame_prefix('conv_"odd"'), "1700000000000-3", raw)
+    assert relayed is not None
+    head, text = relayed
+    event = decode('conv_"odd"', "1700000000000-3", {"e": raw})
+    assert (head.id, head.kind, head.ts) == (event.id, event.kind, event.ts)
+    assert list(json.loads(text).items()) == list(json.loads(event.model_dump_json()).items())
+
+
+def test_an_entry_in_another_shape_is_left_to_a_full_decode() -> None:
+    body = {"kind": "text_delta", "turn_id": None, "ts": utc_now(), "data": {"text": "x"}}
+    assert relay_frame(frame_prefix("c"), "1-1", json.dumps(body)) is None  # key order
+    unknown = json.dumps({"turn_id": None, "ts": utc_now(), "kind": "not_a_kind", "data": {}})
+    assert relay_frame(frame_prefix("c"), "1-1", unknown) is None

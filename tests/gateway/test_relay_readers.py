@@ -17,11 +17,10 @@ import redis.asyncio as aioredis
 from sqlalchemy.orm import Session, sessionmaker
 from websockets.asyncio.client import ClientConnection
 
-from signalbox.services.gateway.relay import RelayHub, Subscription
+from signalbox.services.gateway.relay import EventHead, RelayHub, Subscription
 from signalbox.services.gateway.state import Gateway
 from signalbox.shared.db import Conversation
 from signalbox.shared.event_stream import AsyncEventStream, EventStream
-from signalbox.shared.events import Event
 from signalbox.shared.ids import new_id
 from signalbox.shared.redis_keys import RedisKeys
 from tests.gateway.conftest import LiveGateway, connect, recv
@@ -129,7 +128,7 @@ class Sink:
         self.ids: list[str] = []
         self.changed = asyncio.Event()
 
-    def deliver(self, event: Event, _text: str) -> None:
+    def deliver(self, event: EventHead, _text: str) -> None:
         self.ids.append(event.id)
         self.changed.set()
 

@@ -92,6 +92,9 @@ def gateway_process(
             "SIGNALBOX_INTERNAL_TOKEN": internal_token,
             "SIGNALBOX_WORKSPACES_ROOT": str(var / "workspaces"),
             "SIGNALBOX_LOG_LEVEL": "WARNING",
+            # Off by default; on here, so the limit on a compressed frame's inflated size
+            # is held where a deployment turns compression on.
+            "SIGNALBOX_WS_PER_MESSAGE_DEFLATE": "true",
         },
     )
     port = free_port()
@@ -116,6 +119,8 @@ async def _send_oversized_frame(url: str, token: str, compression: str | None) -
         except ConnectionClosed:
             pass
         await asyncio.wait_for(ws.wait_closed(), CLOSE_TIMEOUT_S)
+        extensions = [e.name for e in ws.protocol.extensions]
+        assert extensions == (["permessage-deflate"] if compression else [])
         return ws.close_code
 
 

@@ -21,7 +21,7 @@ from fastapi.responses import StreamingResponse
 from signalbox.services.gateway import agui, turns
 from signalbox.services.gateway.deps import CurrentUser, GatewayDep
 from signalbox.services.gateway.errors import ReplayGapError
-from signalbox.services.gateway.relay import Subscription
+from signalbox.services.gateway.relay import EventHead, Subscription
 from signalbox.services.gateway.routes.interactions import REFUSALS
 from signalbox.services.gateway.state import Gateway
 from signalbox.shared.event_stream import ReplayGap
@@ -52,8 +52,9 @@ class _Following:
             maxsize=gateway.settings.client_queue_size
         )
 
-        def deliver(event: Event, _text: str) -> None:
-            queue.put_nowait(event)
+        def deliver(event: EventHead, text: str) -> None:
+            # A live event comes as its frame's text (relay.py): decoded here, for its data.
+            queue.put_nowait(event if isinstance(event, Event) else Event.model_validate_json(text))
 
         def overflow() -> None:
             while not queue.empty():
@@ -65,8 +66,8 @@ class _Following:
 
     async def events(self) -> AsyncIterator[Event | None]:
         """The events, stored then live; None for each idle heartbeat period."""
-        async for event, _text in self.subscription.catch_up(self.page, self.gateway.hub.stream):
-            yield event
+        async for event, text in self.subscription.catch_up(self.page, self.gateway.hub.stream):
+            yield event if isinstance(event, Event) else Event.model_validate_json(text)
         while True:
             try:
                 item = await asyncio.wait_for(self.queue.get(), self.gateway.settings.heartbeat_s)

@@ -15,6 +15,7 @@ from signalbox.services.gateway import conversations, turns
 from signalbox.services.gateway.deps import CurrentUser, GatewayDep, IdPath
 from signalbox.services.gateway.errors import BadInput, ReplayGapError
 from signalbox.services.gateway.ownership import owned_conversation
+from signalbox.services.gateway.relay import EventHead
 from signalbox.services.gateway.routes.interactions import REFUSALS
 from signalbox.services.gateway.stream_auth import bearer_scheme, stream_access
 from signalbox.shared.agents import AgentName
@@ -165,7 +166,7 @@ async def stream_events(
         maxsize=gateway.settings.client_queue_size
     )
 
-    def deliver(event: Event, text: str) -> None:
+    def deliver(event: EventHead, text: str) -> None:
         queue.put_nowait((event.kind, _sse(event.id, text)))
 
     def overflow() -> None:
