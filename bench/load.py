@@ -13,6 +13,14 @@ conversation). Figures: turns per second, latency of each turn (``user_turn`` se
 ``turn_finished`` received), lost, duplicated and out-of-order events. The baseline is
 the same turn alone on the same stack. New ERROR/WARNING lines in the services' logs
 during the run are counted and sampled into the result, as evidence of what went wrong.
+
+CPU per turn is measured by process (each process with its children, from ``/proc``) and
+set against bare Celery in the same run (issue 20): the task hops the run really made
+(the ``run_turn`` deliveries the orchestrators received and the ``run_tool`` calls the tool
+workers received, counted from their Celery ``received`` log lines) are then made by bare
+Celery (``bench.noop_app``'s no-op task, on bare prefork workers of the tool pool's shape)
+in the same shape: the turns' deliveries at once, then each step's calls at once for every
+turn, a round waiting for the one before; the CPU of its workers, Redis and the producer.
 """
 
 from __future__ import annotations
@@ -30,12 +38,15 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
+from celery import Celery
+from celery.result import AsyncResult, ResultSet
 from sqlalchemy import func, select
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from bench.environment import BenchEnv, proc_cpu_s, proc_tree_cpu_s
 from bench.gateway_load import CONNECT_CONCURRENCY
+from bench.noop_app import NOOP_QUEUE, NOOP_TASK
 from bench.stats import Result, Series
 from bench.turns import MODEL_STEPS, TOOL_STEPS, TOOLS_PER_STEP
 from signalbox.processes import Child, log_contains
@@ -66,6 +77,12 @@ _PROBLEM = re.compile(
 _INFO = re.compile(r": (INFO|DEBUG)/|^INFO:|^\S+ (INFO|DEBUG) ")
 _WARNING = re.compile(r"\bwarn(ing)?\b", re.IGNORECASE)
 _STAMP = re.compile(r"^\[[^\]]*\]\s*|\d{4}-\d\d-\d\d[ T][\d:,.]+\s*")
+# Celery's worker logs this (at INFO) for every message it takes: the hops actually made.
+_RECEIVED = re.compile(r"Task (orchestrator\.run_turn|tools\.run_tool)\[[^\]]+\] received")
+BARE_ROUND_TIMEOUT_S = 120.0
+BARE_WARMUP_TASKS = 16
+PUBLISH_BATCH_MAX = 1000  # as the orchestrator's dispatcher: a round's messages in few trips
+BENCH_PROCESS = "bench (clients + fake model)"  # outside the stack: not in its CPU per turn
 
 
 def _script(marker: str) -> list[Scripted]:
@@ -318,8 +335,123 @@ def _cpu(env: BenchEnv) -> dict[str, float]:
         pids["redis"] = env.redis_server.process.pid
     used = {name: proc_tree_cpu_s([pid]) for name, pid in pids.items()}
     # This process alone: the clients and the fake model server (its children are services).
-    used["bench (clients + fake model)"] = proc_cpu_s(os.getpid())
+    used[BENCH_PROCESS] = proc_cpu_s(os.getpid())
     return used
+
+
+def _stack_cpu_ms(cpu_s: dict[str, float], turns: int) -> float:
+    """CPU per turn of the stack's processes (not the bench's clients and fake model)."""
+    return sum(v for k, v in cpu_s.items() if k != BENCH_PROCESS) * 1000 / max(1, turns)
+
+
+@dataclass(frozen=True)
+class Hops:
+    """The Celery task hops a run made, counted from the workers' ``received`` lines."""
+
+    deliveries: int  # ``orchestrator.run_turn`` messages the orchestrators took
+    tool_calls: int  # ``tools.run_tool`` messages the tool workers took
+    counted_from: str  # "worker logs", or "plan" where the logs said nothing (no INFO)
+
+
+def _hops(env: BenchEnv, since: dict[Path, int], turns: int) -> Hops:
+    found = {"orchestrator.run_turn": 0, "tools.run_tool": 0}
+    for path in (env.var_dir / "logs").glob("*.log"):
+        with open(path, "rb") as log:
+            log.seek(since.get(path, 0))
+            for match in _RECEIVED.finditer(log.read().decode(errors="replace")):
+                found[match.group(1)] += 1
+    if found["orchestrator.run_turn"] == 0:  # logs above INFO: what the design sends at least
+        return Hops(turns, turns * TOOL_STEPS * TOOLS_PER_STEP, "plan")
+    return Hops(found["orchestrator.run_turn"], found["tools.run_tool"], "worker logs")
+
+
+@dataclass(frozen=True)
+class BareRun:
+    """Bare Celery making a run's hops: the tasks of each round, CPU seconds by process."""
+
+    workers: str
+    rounds: list[int]
+    cpu_s: dict[str, float]
+    wall_s: float
+
+
+def _bare_round(app: Celery, size: int) -> None:
+    """``size`` no-op tasks published at once (one batch, as the dispatcher does), then every
+    result awaited (the Redis backend's pub/sub: Celery's own way to gather a group)."""
+    sent: list[AsyncResult[Any]] = []
+    with app.producer_or_acquire() as producer, producer.batch(PUBLISH_BATCH_MAX):
+        for _ in range(size):
+            sent.append(app.send_task(NOOP_TASK, queue=NOOP_QUEUE, producer=producer))
+    ResultSet(list(sent), app=app).get(timeout=BARE_ROUND_TIMEOUT_S, interval=0.005)
+
+
+def _bare_celery(env: BenchEnv, stack: LoadStack, hops: Hops) -> BareRun:
+    """The run's hops made by bare Celery on workers of the tool pool's shape."""
+    pool = env.noop_workers(stack.tool_workers, stack.tools_concurrency)
+    app = env.celery("bench-bare-load")
+    per_step, extra = divmod(hops.tool_calls, TOOL_STEPS)
+    rounds = [hops.deliveries] + [per_step + (1 if i < extra else 0) for i in range(TOOL_STEPS)]
+    try:
+        _bare_round(app, BARE_WARMUP_TASKS)  # connections and the result subscriber, set up
+        pids = {"workers": pool.pids}
+        if env.redis_server.process is not None:
+            pids["redis"] = [env.redis_server.process.pid]
+
+        def used() -> dict[str, float]:
+            cpu = {name: proc_tree_cpu_s(p) for name, p in pids.items()}
+            cpu["producer (bench process)"] = proc_cpu_s(os.getpid())
+            return cpu
+
+        before = used()
+        began = time.monotonic()
+        for size in rounds:
+            if size:
+                _bare_round(app, size)
+        wall_s = time.monotonic() - began
+        after = used()
+    finally:
+        app.close()
+        env.stop_noop()
+    return BareRun(
+        workers=f"{stack.tool_workers} x {stack.tools_concurrency} prefork",
+        rounds=rounds,
+        cpu_s={k: round(after[k] - before[k], 3) for k in after},
+        wall_s=wall_s,
+    )
+
+
+def _cpu_extra(
+    cpu_s: dict[str, float], turns: int, hops: Hops, bare: BareRun | None
+) -> dict[str, Any]:
+    """The CPU figures of a run: per turn by process, and against bare Celery's hops."""
+    per_turn = max(1, turns)
+    stack_ms = _stack_cpu_ms(cpu_s, turns)
+    found: dict[str, Any] = {
+        "cpu_ms_per_turn": {k: round(v * 1000 / per_turn, 2) for k, v in cpu_s.items()},
+        "stack_cpu_ms_per_turn": round(stack_ms, 2),
+        "hops": {
+            "run_turn_deliveries": hops.deliveries,
+            "tool_calls": hops.tool_calls,
+            "per_turn": round((hops.deliveries + hops.tool_calls) / per_turn, 3),
+            "counted_from": hops.counted_from,
+        },
+    }
+    if bare is not None:
+        tasks = sum(bare.rounds)
+        bare_s = sum(bare.cpu_s.values())
+        bare_ms = bare_s * 1000 / per_turn
+        found["bare_celery"] = {
+            "workers": bare.workers,
+            "tasks": tasks,
+            "rounds": bare.rounds,
+            "wall_s": round(bare.wall_s, 2),
+            "cpu_s": bare.cpu_s,
+            "cpu_ms_per_turn": {k: round(v * 1000 / per_turn, 2) for k, v in bare.cpu_s.items()},
+            "cpu_ms_per_turn_total": round(bare_ms, 2),
+            "cpu_ms_per_task": round(bare_s * 1000 / max(1, tasks), 3),
+        }
+        found["cpu_ratio_to_bare_celery"] = round(stack_ms / bare_ms, 2) if bare_ms else None
+    return found
 
 
 def _log_sizes(env: BenchEnv) -> dict[Path, int]:
@@ -446,10 +578,14 @@ def load(
         wall_s = time.monotonic() - began
         cpu_after = _cpu(env)
         problems = _log_problems(env, logs_before)
+        hops = _hops(env, logs_before, n)
     finally:
         _stop_added(env, stack)
     cpu_s = {k: round(cpu_after[k] - cpu_before.get(k, 0.0), 2) for k in cpu_after}
-    return [_result(env, clients, alone, wall_s, problems, stack, cpu_s)]
+    bare = _bare_celery(env, stack, hops)
+    result = _result(env, clients, alone, wall_s, problems, stack, cpu_s)
+    result.extra.update(_cpu_extra(cpu_s, n, hops, bare))
+    return [result]
 
 
 def _result(

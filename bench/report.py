@@ -197,6 +197,44 @@ def _load_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+def _load_cpu_table(x: dict[str, Any]) -> list[str]:
+    """CPU per turn by process, and bare Celery making the same task hops (issue 20)."""
+    cpu: dict[str, float] = x.get("cpu_s") or {}
+    per_turn: dict[str, float] = x.get("cpu_ms_per_turn") or {}
+    bare: dict[str, Any] = x.get("bare_celery") or {}
+    if not per_turn:
+        return []  # a run from before these figures
+    hops = x.get("hops") or {}
+    lines = [
+        "CPU per turn by process (each process with its children; the bench process is the "
+        "clients and the fake model, outside the stack):",
+        "",
+        "| process | CPU s | ms per turn |",
+        "|---|---:|---:|",
+    ]
+    for name, seconds in sorted(cpu.items(), key=lambda i: -i[1]):
+        lines.append(f"| {name} | {seconds:.2f} | {per_turn.get(name, 0.0):.1f} |")
+    lines.append(f"| **the stack** | | **{x.get('stack_cpu_ms_per_turn', 0.0):.1f}** |")
+    if bare:
+        for name, ms in bare.get("cpu_ms_per_turn", {}).items():
+            lines.append(f"| bare Celery: {name} | {bare['cpu_s'].get(name, 0.0):.2f} | {ms:.1f} |")
+        total = bare.get("cpu_ms_per_turn_total", 0.0)
+        lines.append(f"| **bare Celery, the same hops** | | **{total:.1f}** |")
+    lines.append("")
+    if bare:
+        lines.append(
+            f"Task hops per turn: {hops.get('per_turn')} ({hops.get('run_turn_deliveries')} "
+            f"`run_turn` deliveries and {hops.get('tool_calls')} tool calls in all, counted from "
+            f"the {hops.get('counted_from')}). Bare Celery made them as {bare.get('tasks')} "
+            f"no-op tasks on {bare.get('workers')} workers in rounds of {bare.get('rounds')} "
+            f"({bare.get('wall_s')} s, {bare.get('cpu_ms_per_task')} ms of CPU per task, its "
+            f"workers, Redis and the producer). **The stack's CPU per turn: "
+            f"{x.get('cpu_ratio_to_bare_celery')}x bare Celery's** (target ≤ 2.5x, issue 20)."
+        )
+        lines.append("")
+    return lines
+
+
 def _load_section(run: dict[str, Any]) -> list[str]:
     """The load run of issue 7: its figures, the machine, and what went wrong (with logs)."""
     results = [r for r in run["results"] if r["id"] == "load"]
@@ -237,6 +275,7 @@ def _load_section(run: dict[str, Any]) -> list[str]:
                 + "."
             )
             lines.append("")
+            lines.extend(_load_cpu_table(x))
         for note in r.get("notes", []):
             lines.append(f"> {note}")
             lines.append("")

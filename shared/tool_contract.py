@@ -13,6 +13,7 @@ heartbeat stopped ``lost`` at once instead of at its deadline.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import socket
@@ -69,7 +70,8 @@ class ToolResult(BaseModel):
 def publish_result(client: redis.Redis, keys: RedisKeys, turn_id: str, result: ToolResult) -> None:
     """Put a result on the turn's result stream (read by the orchestrator, replayable)."""
     key = keys.tool_results(turn_id)
-    pipe = client.pipeline()
+    # No MULTI/EXEC: one round trip either way, and a retry (publishing.py) redoes both.
+    pipe = client.pipeline(transaction=False)
     pipe.xadd(key, {"r": result.model_dump_json()})
     pipe.expire(key, 24 * 3600)
     pipe.execute()
@@ -89,6 +91,7 @@ end
 if won then return 1 end
 return 0
 """
+_CLAIM_SHA = hashlib.sha1(_CLAIM.encode()).hexdigest()
 # KEYS: claim, heartbeat pairs; ARGV: ttl_ms, then the holder each claim must name.
 _RENEW = """
 local renewed = 0
@@ -114,9 +117,7 @@ def claim_call(
 
     Whoever runs the call (the first claim, or a rerun) also starts its heartbeat.
     """
-    won = client.eval(
-        _CLAIM,
-        2,
+    args = (
         keys.call_claim(call_id),
         keys.call_alive(call_id),
         claim_holder(),
@@ -124,6 +125,10 @@ def claim_call(
         str(max(1, int(heartbeat_ttl_s * 1000))),
         "1" if rerun else "0",
     )
+    try:  # by its digest: the script is not sent (and hashed by Redis) on every call
+        won = client.evalsha(_CLAIM_SHA, 2, *args)
+    except redis.exceptions.NoScriptError:  # a fresh or flushed Redis: EVAL caches it
+        won = client.eval(_CLAIM, 2, *args)
     return bool(won)
 
 

@@ -14,6 +14,8 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -36,7 +38,7 @@ from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import ToolsSettings
 from signalbox.shared.tool_contract import ToolCallRequest, ToolResult, claim_call
 from signalbox.shared.tracing import Attributes, tracer
-from signalbox.shared.workspace_paths import PathOutsideWorkspace, workspace_dir
+from signalbox.shared.workspace_paths import PathOutsideWorkspace, check_workspace_name
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,12 @@ class Deps:
     keys: RedisKeys
     proposals: httpx.Client
     registry: Registry
+
+    @cached_property
+    def workspaces_root(self) -> Path:
+        """The workspaces root, resolved once per process (not per call: a ``realpath``
+        walk of every component, a syscall each)."""
+        return self.settings.workspaces_root.resolve()
 
     @classmethod
     def create(cls, settings: ToolsSettings, registry: Registry) -> Deps:
@@ -90,7 +98,8 @@ def _problems(exc: ValidationError) -> str:
 def context_for(request: ToolCallRequest, deps: Deps) -> ToolContext:
     """The context of one call; ``ValueError`` for a bad workspace name."""
     return ToolContext(
-        workspace=workspace_dir(deps.settings.workspaces_root, request.user_id, request.workspace),
+        # workspace_dir's path, without resolving the root again on every call.
+        workspace=deps.workspaces_root / request.user_id / check_workspace_name(request.workspace),
         user_id=request.user_id,
         conversation_id=request.conversation_id,
         turn_id=request.turn_id,

@@ -22,6 +22,7 @@ from celery.signals import worker_init, worker_ready, worker_shutdown
 from signalbox.services.tools.catalogue import CatalogueRefresher, served, worker_tools
 from signalbox.services.tools.heartbeat import CallHeartbeat
 from signalbox.services.tools.sandbox import protect_worker, unavailable
+from signalbox.services.tools.task_events import BatchedTaskEvents
 from signalbox.shared.celery_app import SANDBOX_QUEUE, make_celery
 from signalbox.shared.log_config import celery_logging
 from signalbox.shared.metrics import serve_worker_metrics
@@ -37,6 +38,7 @@ settings = load(ToolsSettings)
 celery_logging("tools", settings.log_level, settings.log_format)
 app = make_celery("signalbox-tools", settings, include=["signalbox.services.tools.tasks"])
 trace_celery_worker("signalbox-tools")
+app.steps["consumer"].add(BatchedTaskEvents)  # task events in batches (task_events.py)
 registry = worker_tools(settings)
 # Prefork: the pool children's runs are summed from files (prometheus_client multiprocess).
 serve_worker_metrics(

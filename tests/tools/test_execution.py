@@ -12,11 +12,19 @@ from pydantic import BaseModel
 
 from signalbox.services.tools import test_tools
 from signalbox.services.tools.catalogue import CatalogueRefresher, load_tools
-from signalbox.services.tools.execution import OUTPUT_MAX_BYTES, Deps, cap_output, execute, run_call
+from signalbox.services.tools.execution import (
+    OUTPUT_MAX_BYTES,
+    Deps,
+    cap_output,
+    context_for,
+    execute,
+    run_call,
+)
 from signalbox.services.tools.registry import Registry, ToolContext, ToolError, ToolTimeout
 from signalbox.shared.ids import new_id
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.tool_contract import ToolResult, read_catalogue
+from signalbox.shared.workspace_paths import workspace_dir
 from tests.tools.conftest import ToolEnv
 
 
@@ -201,3 +209,25 @@ def test_the_running_time_is_measured_and_never_rounded_to_nothing(tool_env: Too
     assert quick.status == "ok" and quick.duration_ms >= 1
     slow = _run(tool_env, "pause", text="0.2")
     assert slow.status == "ok" and 200 <= slow.duration_ms < 2000
+
+
+def test_a_claim_still_holds_on_a_redis_that_forgot_its_scripts(tool_env: ToolEnv) -> None:
+    # Claims go by the script's digest (EVALSHA); a restarted or flushed Redis has none.
+    tool_env.redis.script_flush()
+    counter = new_id("count")
+    request = tool_env.request("count_calls", key=counter).model_dump(mode="json")
+    first = run_call(request, _deps(tool_env))
+    assert first is not None and first.status == "ok"
+    assert run_call(request, _deps(tool_env)) is None  # the redelivery finds the claim
+    assert tool_env.redis.get(test_tools.counter_key(tool_env.keys, counter)) == b"1"
+
+
+def test_a_calls_workspace_is_under_the_resolved_root(tool_env: ToolEnv) -> None:
+    deps = _deps(tool_env)
+    request = tool_env.request("read_file", path="hello.txt")
+    context = context_for(request, deps)
+    assert context.workspace == workspace_dir(
+        tool_env.settings.workspaces_root, request.user_id, request.workspace
+    )
+    with pytest.raises(ValueError, match="workspace name"):
+        context_for(request.model_copy(update={"workspace": "../x"}), deps)
