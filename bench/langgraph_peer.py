@@ -100,6 +100,33 @@ def _per_step_ms(seconds: float) -> float:
     return seconds * 1000 / turns.MODEL_STEPS
 
 
+def _rounds(
+    total: int,
+    warmup: int,
+    signalbox_turn: Callable[[], float],
+    peers: dict[str, TurnFn],
+    ours: list[float],
+    ours_cpu: list[float],
+    theirs: dict[str, list[float]],
+    theirs_cpu: dict[str, list[float]],
+) -> None:
+    """Interleaved rounds: one Signalbox turn, then one of each peer."""
+    for i in range(total):
+        cpu = time.process_time()
+        wall = signalbox_turn()
+        cpu = time.process_time() - cpu
+        if i >= warmup:
+            ours.append(_per_step_ms(wall))
+            ours_cpu.append(_per_step_ms(cpu))
+        for name, peer in peers.items():
+            cpu, started = time.process_time(), time.perf_counter()
+            peer()
+            wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+            if i >= warmup:
+                theirs[name].append(_per_step_ms(wall))
+                theirs_cpu[name].append(_per_step_ms(cpu))
+
+
 def loop(env: BenchEnv, rounds: int, warmup: int) -> list[Result]:
     """Signalbox's in-process loop vs LangGraph's graph on the same turn, per model step."""
     env.tools(1, turns.TOOLS_PER_STEP)  # only for the catalogue the loop reads
@@ -122,20 +149,11 @@ def loop(env: BenchEnv, rounds: int, warmup: int) -> list[Result]:
     ours_cpu: list[float] = []
     theirs: dict[str, list[float]] = {name: [] for name in peers}
     theirs_cpu: dict[str, list[float]] = {name: [] for name in peers}
-    for i in range(warmup + rounds):
-        cpu = time.process_time()
-        wall = signalbox_turn()
-        cpu = time.process_time() - cpu
-        if i >= warmup:
-            ours.append(_per_step_ms(wall))
-            ours_cpu.append(_per_step_ms(cpu))
-        for name, peer in peers.items():
-            cpu, started = time.process_time(), time.perf_counter()
-            peer()
-            wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-            if i >= warmup:
-                theirs[name].append(_per_step_ms(wall))
-                theirs_cpu[name].append(_per_step_ms(cpu))
+    try:
+        _rounds(warmup + rounds, warmup, signalbox_turn, peers, ours, ours_cpu, theirs, theirs_cpu)
+    finally:
+        turns.stop_runtime(runtime)
+
     measured = Series("Signalbox in-process loop, per model step", ours)
     extra: dict[str, Any] = {
         "model_steps": turns.MODEL_STEPS,

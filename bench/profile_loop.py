@@ -45,6 +45,7 @@ def main(argv: list[str]) -> int:
             assert timed.finished_at is not None
             walls.append((timed.finished_at - started) * 1000)
         profiler.stop()
+        turns.stop_runtime(runtime)
     finally:
         env.stop()
     per_step = statistics.median(walls) / turns.MODEL_STEPS

@@ -19,10 +19,11 @@ from typing import Any
 
 import redis
 
-from bench.environment import DUMMY_API_KEY, BenchEnv
+from bench.environment import DUMMY_API_KEY, PREFIX, BenchEnv
 from bench.stats import Result, Series
 from bench.tool_calls import bare_parallel
 from signalbox.services.orchestrator.anthropic_model import AnthropicModel
+from signalbox.services.orchestrator.approvals import ApprovalFeed
 from signalbox.services.orchestrator.loop import Runtime, run_turn
 from signalbox.services.orchestrator.model import (
     ModelEvent,
@@ -33,7 +34,7 @@ from signalbox.services.orchestrator.model import (
 )
 from signalbox.services.tools import test_tools
 from signalbox.services.tools.execution import Deps, context_for, execute
-from signalbox.shared.db.models import Conversation, Turn
+from signalbox.shared.db.models import Conversation, Turn, now
 from signalbox.shared.event_stream import EventStream
 from signalbox.shared.events import EventKind
 from signalbox.shared.ids import new_id
@@ -214,6 +215,21 @@ class TimedEvents(EventStream):
             self.finished_at = time.perf_counter()
         return event_id
 
+    def append_many(
+        self,
+        conversation_id: str,
+        events: Sequence[tuple[EventKind, Mapping[str, Any]]],
+        turn_id: str | None = None,
+    ) -> list[str]:
+        """Append in one round trip, and time ``turn_finished`` among them."""
+        if len(events) == 1:
+            kind, data = events[0]
+            return [self.append(conversation_id, kind, data, turn_id)]
+        event_ids = super().append_many(conversation_id, events, turn_id)
+        if any(kind == "turn_finished" for kind, _data in events):
+            self.finished_at = time.perf_counter()
+        return event_ids
+
 
 @dataclass
 class TimedRuntime(Runtime):
@@ -230,10 +246,13 @@ class TimedRuntime(Runtime):
 
 
 def in_process_runtime(env: BenchEnv) -> TimedRuntime:
-    """The loop's dependencies with the model and the tools in this process."""
+    """The loop's dependencies with the model and the tools in this process; the rest as an
+    orchestrator process has them (its approvals feed started: ``stop_runtime`` stops it)."""
     kwargs = env.settings_kwargs()
     tools_settings = ToolsSettings(internal_token=env.stack.config.internal_token, **kwargs)
     deps = Deps.create(tools_settings, test_tools.registry)
+    approvals = ApprovalFeed(env.redis, env.keys.approvals_channel, env.sessions)
+    approvals.start()
     return TimedRuntime(
         settings=OrchestratorSettings(**kwargs),
         sessions=env.sessions,
@@ -242,11 +261,22 @@ def in_process_runtime(env: BenchEnv) -> TimedRuntime:
         model=InProcessModel(),
         dispatcher=InProcessDispatcher(deps),
         enqueue_turn=lambda _turn_id: None,
+        approvals=approvals,
     )
 
 
+def stop_runtime(runtime: Runtime) -> None:
+    """Stop what ``in_process_runtime`` started."""
+    if runtime.approvals is not None:
+        runtime.approvals.stop()
+
+
 def queued_turn(env: BenchEnv, user_id: str) -> str:
-    """A new conversation with one queued turn, as the gateway would store it."""
+    """A new conversation with one queued turn, as the gateway leaves it when it sends
+    ``run_turn``: stored, and given its slot by the admission pass after the insert
+    (``shared/admission.py``; the user runs one turn at a time, so a slot is free). Stored
+    admitted in one transaction: a pass of the stack sharing this database (the ``turn``
+    benchmark's) must not admit and send it to its own orchestrator meanwhile."""
     with env.sessions() as s, s.begin():
         conv = Conversation(id=new_id("conv"), user_id=user_id, workspace="default", title="b")
         s.add(conv)
@@ -258,6 +288,8 @@ def queued_turn(env: BenchEnv, user_id: str) -> str:
             seq=1,
             text="run the tools",
             status="queued",
+            deployment=PREFIX,
+            admitted_at=now(),
         )
         s.add(turn)
         return turn.id
@@ -348,6 +380,7 @@ def turn(env: BenchEnv, rounds: int, warmup: int) -> list[Result]:
     finally:
         client.close()
         http_model.client.close()
+        stop_runtime(runtime)
         env.stop_noop()
     measured = Series("turn over the stack", ours)
     baseline = Series("same loop in-process", base)

@@ -24,6 +24,13 @@ orchestrator finishing or parking one, a delivery of a turn not yet admitted, an
 reconciler sweep, which mends a wake-up lost to a crash). They serialise on the one row
 of ``admission_lock``, so any number of gateways and orchestrators on any number of
 machines share one schedule with no scheduler process of its own: SQL is the queue.
+
+A slot that frees with nobody waiting needs no pass: ``anyone_waiting`` (one indexed
+``EXISTS``, no lock) says so, and the orchestrator skips the pass after a turn ends or
+parks when it is false. That never strands a turn: the check runs after the commit that
+freed the slot, so a turn stored after the check is stored after the slot was free, and
+the gateway's own pass after its insert (or, failing that, the reconciler's sweep)
+admits it; a turn stored before the check is seen by it, and the pass runs.
 """
 
 from __future__ import annotations
@@ -86,6 +93,25 @@ def _lock(session: Session) -> None:
 
         insert_or_get(session, AdmissionLock, {"id": 1, "passes": 0}, ["id"])
         session.execute(take.values(passes=AdmissionLock.passes + 1))
+
+
+def _waiting(deployment: str) -> Any:
+    return (
+        select(Turn.id)
+        .where(
+            Turn.deployment == deployment,
+            Turn.status == TurnState.QUEUED,
+            Turn.admitted_at.is_(None),
+            Turn.parent_call_id.is_(None),
+        )
+        .exists()
+    )
+
+
+def anyone_waiting(session: Session, deployment: str) -> bool:
+    """Whether any of ``deployment``'s turns waits for a slot (one indexed ``EXISTS`` on
+    ``ix_turns_waiting``, no lock): when none does, a freed slot needs no pass."""
+    return bool(session.scalar(select(_waiting(deployment))))
 
 
 def running_by_user(session: Session, deployment: str) -> dict[str, int]:

@@ -22,8 +22,11 @@ if TYPE_CHECKING:
     from signalbox.services.orchestrator.turn_runner import TurnRunner
 
 
-def exhausted(runner: TurnRunner) -> BudgetState | None:
-    """The budget of the turn's user that is used up, or None; warns on the way."""
+def exhausted(runner: TurnRunner, has_budget: bool = True) -> BudgetState | None:
+    """The budget of the turn's user that is used up, or None; warns on the way.
+    ``has_budget`` False: the loop's read found the user has none (nothing to read)."""
+    if not has_budget:
+        return None
     rt = runner.rt
     with rt.sessions() as s:
         states = budget_states(s, runner.info.user_id, rt.clock())

@@ -17,6 +17,7 @@ import logging
 
 import redis
 
+from signalbox.services.orchestrator.lease import TurnLease
 from signalbox.shared.redis_keys import RedisKeys
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,13 @@ def count_start(client: redis.Redis, keys: RedisKeys, turn_id: str) -> int:
     pipe.expire(keys.turn_deliveries(turn_id), COUNTER_TTL_S)
     count, _ = pipe.execute()
     return int(count)
+
+
+def lease_and_count(lease: TurnLease, keys: RedisKeys, turn_id: str) -> int:
+    """Take the turn's lease and count the run that starts now, in one round trip: how
+    many runs are not back, or 0 if another runner holds the lease (nothing counted). The
+    count is forgotten when the lease is released (the run came back, any outcome)."""
+    return lease.acquire_counted(keys.turn_deliveries(turn_id), COUNTER_TTL_S)
 
 
 def count_return(client: redis.Redis, keys: RedisKeys, turn_id: str) -> None:

@@ -37,6 +37,24 @@ if redis.call('get', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+# The lease taken and the run counted (``deliveries.py``) in one round trip: the count
+# only when the lease was taken, as two commands did it.
+_ACQUIRE_COUNTED = """
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local count = redis.call('incr', KEYS[2])
+  redis.call('expire', KEYS[2], ARGV[3])
+  return count
+end
+return 0
+"""
+# Given up, and the run's count forgotten with it (the run came back).
+_RELEASE_COUNTED = """
+redis.call('del', KEYS[2])
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('del', KEYS[1])
+end
+return 0
+"""
 
 
 class LeaseLost(Exception):
@@ -69,11 +87,37 @@ class TurnLease:
         self._renewed_at = time.monotonic()  # of the last acquire or refresh Redis confirmed
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.count_key: str | None = None  # a run count to forget with the lease
 
     def acquire(self) -> bool:
         """Take the lease if nobody holds it."""
         self._renewed_at = time.monotonic()  # before the SET: the expiry counts from it
         return bool(self.client.set(self.key, self.token, nx=True, px=self.lease_ms))
+
+    def acquire_counted(self, count_key: str, count_ttl_s: int) -> int:
+        """Take the lease if nobody holds it and, if taken, count this run at ``count_key``
+        (``INCR``, kept ``count_ttl_s``), in ONE round trip: the count, or 0 if not taken.
+        The count is forgotten when the lease is released (``release``)."""
+        self._renewed_at = time.monotonic()
+        count = int(
+            self.client.eval(
+                _ACQUIRE_COUNTED, 2, self.key, count_key, self.token, self.lease_ms, count_ttl_s
+            )
+        )
+        if count:
+            self.count_key = count_key
+        return count
+
+    def forget_count(self) -> None:
+        """Forget the run's count now if releasing the lease did not (best effort)."""
+        if self.count_key is None:
+            return
+        try:
+            self.client.delete(self.count_key)
+            self.count_key = None
+        except redis.RedisError:
+            # Redis away: the count stays, at worst one extra crash-free run is counted.
+            log.warning("could not clear the run count %s", self.count_key)
 
     def refresh(self) -> bool:
         """Extend the lease; False (and ``lost`` set) if it is no longer ours."""
@@ -101,9 +145,13 @@ class TurnLease:
             raise LeaseLost(self.key)
 
     def release(self) -> None:
-        """Give the lease up (only if still ours)."""
+        """Give the lease up (only if still ours), and forget the run's count if any."""
         try:
-            self.client.eval(_RELEASE, 1, self.key, self.token)
+            if self.count_key is not None:
+                self.client.eval(_RELEASE_COUNTED, 2, self.key, self.count_key, self.token)
+                self.count_key = None
+            else:
+                self.client.eval(_RELEASE, 1, self.key, self.token)
         except redis.RedisError:
             log.warning("could not release lease %s; it will expire", self.key, exc_info=True)
 

@@ -70,7 +70,7 @@ def _run_turn(rt: Runtime, turn_id: str, span: Span) -> str:
     if info.status in FINISHED_TURN_STATUSES:
         _admit_next(rt)  # in case the runner died before doing it
         return "finished"
-    earlier = store.earlier_unfinished_turns(rt.sessions, info)
+    earlier = store.earlier_unfinished_turns(rt.sessions, info) if info.behind else []
     if earlier:
         for turn_id_before in earlier:
             # A parked turn interrupted by this one (busy policy ``interrupt``) has nobody
@@ -86,12 +86,13 @@ def _run_turn(rt: Runtime, turn_id: str, span: Span) -> str:
         rt.redis, rt.keys.turn_lease(turn_id), rt.settings.lease_s, rt.settings.lease_renew_s
     )
     try:
-        if not lease.acquire():
+        # The lease and the run's count (deliveries.py) in one round trip.
+        started = deliveries.lease_and_count(lease, rt.keys, turn_id)
+        if not started:
             # A redelivery (visibility timeout, a duplicate enqueue) while a runner works on
             # the turn: it does nothing, so a turn never runs twice at once.
             log.info("run_turn(%s): another runner holds the lease; nothing to do", turn_id)
             return "leased"
-        started = deliveries.count_start(rt.redis, rt.keys, turn_id)
     except REDIS_DOWN as exc:
         log.error("run_turn(%s): Redis unavailable (%s); the reconciler retries", turn_id, exc)
         return "redis_unavailable"
@@ -100,7 +101,7 @@ def _run_turn(rt: Runtime, turn_id: str, span: Span) -> str:
             return _give_up(rt, info, lease, started)
         outcome = _run_leased(rt, info, lease)
     finally:
-        deliveries.count_return(rt.redis, rt.keys, turn_id)
+        lease.forget_count()  # the run came back; releasing the lease forgot it already
     if outcome in NOT_RUN:
         return outcome
     if outcome in FINISHED_TURN_STATUSES:
@@ -156,6 +157,7 @@ def _give_up(rt: Runtime, info: TurnInfo, lease: TurnLease, started: int) -> str
 
 
 def _admit_next(rt: Runtime) -> None:
-    """A slot freed (a turn finished or parked): admit what may start now, the
-    conversation's next turn among them if its user's share allows."""
-    rt.admit_waiting_turns()
+    """A slot freed (a turn finished or parked, committed): admit what may start now, the
+    conversation's next turn among them if its user's share allows. No pass when no turn
+    waits (``shared/admission.py`` says why that strands none)."""
+    rt.admit_waiting_turns(if_waiting=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +74,7 @@ from signalbox.services.orchestrator.transcript import (
 )
 from signalbox.shared.agents import AgentSpec
 from signalbox.shared.db.models import ToolCall
+from signalbox.shared.events import EventKind, tool_call_finished
 from signalbox.shared.timestamps import rfc3339
 from signalbox.shared.tool_contract import ApprovalMode
 
@@ -137,7 +138,7 @@ def deployment_offers(runner: TurnRunner) -> dict[str, Offer]:
     """Every tool of the deployment: the live catalogue (read-only tools alone for a
     sub-agent), then the built-in tools, then the client's own tools."""
     found: dict[str, Offer] = {}
-    for spec in runner.rt.catalogue().values():
+    for spec in runner.catalogue().values():
         if runner.child and spec.side_effect != "read":
             continue
         definition = ToolDef(spec.name, spec.description, spec.input_schema)
@@ -314,10 +315,11 @@ def _store(
     thoughts: DeltaBuffer,
 ) -> str | None:
     """Commit what the step streamed, with its calls planned; an outcome ends the run."""
-    thoughts.flush()
-    buffer.flush()
     text = "".join(texts)
     sessions, info = runner.rt.sessions, runner.info
+    if cancelled or end is None:
+        thoughts.flush()
+        buffer.flush()
     if cancelled:
         # Billed all the same; the stream was cut before the API said how much (estimated).
         row = usage.cancelled_row(runner, sent, text)
@@ -333,34 +335,79 @@ def _store(
     try:
         runner.rt.hooks.after_model(hooks.context(runner), text, uses)
     except hooks.HookFailed as exc:
+        thoughts.flush()
+        buffer.flush()
         usage.record(runner, row)  # billed all the same
         return runner.finish("failed", error=str(exc))
     planned = cap_sub_agents(runner, [plan(runner, use, offered) for use in uses])
+    # The step's last deltas, its message and its calls' events go out together, in one
+    # Redis round trip after the commit; their webhook deliveries commit with the step.
+    shown: list[tuple[EventKind, Mapping[str, Any] | BaseModel]] = []
+    thought, said = thoughts.take(), buffer.take()
+    if thought:
+        shown.append(("thinking_delta", {"text": thought}))
+    if said:
+        shown.append(("text_delta", {"text": said}))
+    shown.append(("assistant_message", {"text": text}))
+    events: list[tuple[EventKind, Mapping[str, Any]]] = []
+
+    def deliveries(session: Session, calls: Sequence[ToolCall]) -> None:
+        step_events = [*shown, *_call_events(calls)]
+        events.extend(runner.payloads(step_events))
+        runner.enqueue_hooks(session, events)
+
     msg, calls = store.store_step(
-        sessions, info, text, planned, end.input_tokens, end.output_tokens, row, thinking
+        sessions,
+        info,
+        text,
+        planned,
+        end.input_tokens,
+        end.output_tokens,
+        row,
+        thinking,
+        then=deliveries,
     )
     runner.transcript.stored(msg, calls)
-    runner.emit("assistant_message", {"text": text})
-    announce(runner, calls)
+    for call in calls:
+        if call.status not in OPEN_CALL_STATUSES:
+            runner.call_ended(call)
+    runner.append_events(events)
     return None
+
+
+def _call_events(
+    calls: Sequence[ToolCall],
+) -> list[tuple[EventKind, Mapping[str, Any] | BaseModel]]:
+    """The events of calls just stored: a decision asked for, or an end met at once."""
+    events: list[tuple[EventKind, Mapping[str, Any] | BaseModel]] = []
+    for call in calls:
+        if call.status == "needs_decision":
+            assert call.expires_at is not None
+            events.append(
+                (
+                    "tool_call_needs_decision",
+                    {
+                        "call_id": call.id,
+                        "tool": call.tool,
+                        "input": call.input,
+                        "expires_at": rfc3339(call.expires_at),
+                    },
+                )
+            )
+        elif call.status not in OPEN_CALL_STATUSES:
+            finished = tool_call_finished(
+                call.id, call.tool, call.status, call.output, call.error, call.duration_ms, 0
+            )
+            events.append(("tool_call_finished", finished))
+    return events
 
 
 def announce(runner: TurnRunner, calls: Sequence[ToolCall]) -> None:
     """The events of calls just stored: a decision asked for, or an end met at once."""
     for call in calls:
-        if call.status == "needs_decision":
-            assert call.expires_at is not None
-            runner.emit(
-                "tool_call_needs_decision",
-                {
-                    "call_id": call.id,
-                    "tool": call.tool,
-                    "input": call.input,
-                    "expires_at": rfc3339(call.expires_at),
-                },
-            )
-        elif call.status not in OPEN_CALL_STATUSES:
-            runner.finished(call)
+        if call.status not in OPEN_CALL_STATUSES:
+            runner.call_ended(call)
+    runner.emit_many(_call_events(calls))
 
 
 def _open(

@@ -39,7 +39,7 @@ def start_inline(runner: TurnRunner, call: ToolCall) -> None:
     if call.tool == ASK_USER:
         _ask(runner, call)
         return
-    for started in store.mark_running(runner.rt.sessions, [call.id]):
+    for started in store.mark_running(runner.rt.sessions, [call]):
         runner.emit("tool_call_started", tool_call_started(started))
 
 

@@ -19,7 +19,7 @@ from signalbox.services.orchestrator.pricing import PriceTable
 from signalbox.services.orchestrator.store import Sessions, utcnow
 from signalbox.services.orchestrator.token_count import TokenCounter
 from signalbox.services.orchestrator.tool_slots import ToolSlots
-from signalbox.shared.admission import Limits, admit
+from signalbox.shared.admission import Limits, admit, anyone_waiting
 from signalbox.shared.event_stream import EventStream
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import OrchestratorSettings
@@ -63,12 +63,23 @@ class Runtime:
         """The conversations' event streams."""
         return EventStream(self.redis, self.keys)
 
-    def admit_waiting_turns(self, running_here: str | None = None) -> list[str]:
+    def admit_waiting_turns(
+        self, running_here: str | None = None, *, if_waiting: bool = False
+    ) -> list[str]:
         """An admission pass (``shared/admission.py``); enqueues every turn it admitted but
-        ``running_here`` (the caller's own delivery runs that one) and returns their ids."""
+        ``running_here`` (the caller's own delivery runs that one) and returns their ids.
+
+        ``if_waiting``: none when no turn of the deployment waits (``anyone_waiting``; the
+        caller freed its slot in a transaction committed before this call).
+        """
         limits = Limits.of(self.settings)
+        deployment = self.settings.redis_prefix
+        if if_waiting:
+            with self.sessions() as s:
+                if not anyone_waiting(s, deployment):
+                    return []
         with self.sessions() as s, s.begin():
-            admitted = admit(s, limits, self.settings.redis_prefix, running_here)
+            admitted = admit(s, limits, deployment, running_here)
         for turn_id in admitted:
             if turn_id != running_here:
                 self.enqueue_turn(turn_id)

@@ -46,7 +46,7 @@ def dispatch(
     ``limited``: only the calls that get one of their user's slots (``tool_slots.py``) go;
     the rest stay pending, for the runner to send as slots free.
     """
-    catalogue = runner.rt.catalogue()
+    catalogue = runner.step_catalogue()  # read for this step's offers, if just now
     runner.specs.update(catalogue)
     for call in pending:
         if call.tool not in catalogue:
@@ -63,7 +63,7 @@ def dispatch(
         sendable = [c for c in sendable if c.id in granted]
     if sendable:
         runner.rt.dispatcher.send([(call_request(runner, c), catalogue[c.tool]) for c in sendable])
-    started = store.mark_running(runner.rt.sessions, [c.id for c in sendable])
+    started = store.mark_running(runner.rt.sessions, sendable)
     runner.emit_many([("tool_call_started", tool_call_started(call)) for call in started])
     return started, held
 
@@ -108,13 +108,18 @@ def retry(runner: TurnRunner, call: ToolCall) -> ToolCall | None:
 
 
 def gather(
-    runner: TurnRunner, running: Sequence[ToolCall], until_first: bool = False
+    runner: TurnRunner,
+    running: Sequence[ToolCall],
+    until_first: bool = False,
+    just_sent: bool = False,
 ) -> str | None:
     """All-settled: each call ends with its result, or ``lost`` at its own deadline.
 
     Reads the turn's result stream from the start, so results published while no
     runner was listening (a resumed turn) are found too. ``until_first``: return as soon
     as any of the calls ended (a plan starts a step the moment its inputs are ready).
+    ``just_sent``: this runner sent every call a moment ago, so their heartbeats are read
+    first a ``HEARTBEAT_CHECK_S`` later (a call no worker has taken yet is not judged).
     """
     grace_s = runner.rt.settings.tool_grace_s
     waiting = {c.id: c for c in running}
@@ -126,7 +131,7 @@ def gather(
         return as_utc(c.started_at or store.utcnow()).timestamp() + c.timeout_s + grace_s
 
     deadline = {c.id: deadline_of(c) for c in running}
-    beats = Heartbeats(runner, [c.id for c in running if c.attempts > 1])
+    beats = Heartbeats(runner, [c.id for c in running if c.attempts > 1], just_sent)
     key = runner.rt.keys.tool_results(runner.info.turn_id)
     last_id = "0-0"
     while not settled():
@@ -176,13 +181,15 @@ class Heartbeats:
     its heartbeat was seen again: until a worker takes it, the old claim is all there is.
     """
 
-    def __init__(self, runner: TurnRunner, unseen: Sequence[str]) -> None:
+    def __init__(self, runner: TurnRunner, unseen: Sequence[str], wait: bool = False) -> None:
         self.client = runner.rt.redis
         self.keys = runner.rt.keys
         self.grace_s = runner.rt.settings.tool_heartbeat_grace_s
         self.unseen = set(unseen)
         self.silent_since: dict[str, float] = {}
-        self.next_check = 0.0
+        # ``wait``: calls sent just now; a first read at once would find them not yet
+        # taken (no claim: not judged) and cost a round trip per step for nothing.
+        self.next_check = time.monotonic() + HEARTBEAT_CHECK_S if wait else 0.0
 
     def retried(self, call_id: str) -> None:
         """``call_id`` was sent again: judge it only once a worker runs it."""

@@ -7,7 +7,7 @@ status IN open``) so that a call ends exactly once, even if two runners ever ove
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from signalbox.services.orchestrator.model import ToolUse
 from signalbox.services.orchestrator.transcript import OPEN_CALL_STATUSES
+from signalbox.shared.db import UserLimits
 from signalbox.shared.db.models import (
     AgentVersion,
     Conversation,
@@ -73,6 +74,8 @@ class TurnInfo:
     agent: BoundAgent | None = None
     # Admission gave it a slot (shared/admission.py); a queued turn without one waits.
     admitted: bool = True
+    # An earlier turn of its conversation had not finished when it was loaded.
+    behind: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,35 +99,78 @@ class PlannedCall:
     decision_ttl_s: float = 600.0  # for needs_decision: when nobody decided, it expires
 
 
+_earlier = aliased(Turn)
+# The turn, its conversation, its bound agent version and whether an earlier turn of the
+# conversation is unfinished, in ONE statement (it was three), as plain columns.
+_LOAD_TURN = (
+    select(
+        Turn.id,
+        Conversation.id,
+        Conversation.user_id,
+        Conversation.workspace,
+        Turn.seq,
+        Turn.status,
+        Turn.text,
+        Turn.client_tools,
+        Turn.parent_call_id,
+        Turn.admitted_at,
+        Conversation.agent_name,
+        AgentVersion.version,
+        AgentVersion.spec,
+        select(_earlier.id)
+        .where(
+            _earlier.conversation_id == Turn.conversation_id,
+            _earlier.seq < Turn.seq,
+            _earlier.status.not_in(FINISHED_TURN_STATUSES),
+            _earlier.parent_call_id.is_(None),
+        )
+        .exists(),
+    )
+    .join(Conversation, Conversation.id == Turn.conversation_id)
+    .outerjoin(AgentVersion, AgentVersion.id == Conversation.agent_version_id)
+    .where(Turn.id == bindparam("turn_id"))
+)
+
+
 def load_turn(sessions: Sessions, turn_id: str) -> TurnInfo | None:
     """The turn and its conversation, or None if there is no such turn."""
     with sessions() as s:
-        row = s.execute(
-            select(Turn, Conversation)
-            .join(Conversation, Conversation.id == Turn.conversation_id)
-            .where(Turn.id == turn_id)
-        ).first()
-        if row is None:
-            return None
-        turn, conv = row
-        bound = None
-        if conv.agent_version_id is not None:
-            version = s.get(AgentVersion, conv.agent_version_id)
-            if version is not None:
-                bound = BoundAgent(conv.agent_name or "", version.version, dict(version.spec))
-        return TurnInfo(
-            turn.id,
-            conv.id,
-            conv.user_id,
-            conv.workspace,
-            turn.seq,
-            turn.status,
-            turn.text,
-            tuple(t for t in turn.client_tools or () if isinstance(t, dict)),
-            turn.parent_call_id,
-            bound,
-            admitted=turn.admitted_at is not None or turn.status != TurnState.QUEUED,
-        )
+        row = s.execute(_LOAD_TURN, {"turn_id": turn_id}).first()
+    if row is None:
+        return None
+    (
+        _id,
+        conversation_id,
+        user_id,
+        workspace,
+        seq,
+        status,
+        text,
+        client_tools,
+        parent_call_id,
+        admitted_at,
+        agent_name,
+        version,
+        spec,
+        behind,
+    ) = row
+    bound = None
+    if version is not None:
+        bound = BoundAgent(agent_name or "", version, dict(spec))
+    return TurnInfo(
+        turn_id,
+        conversation_id,
+        user_id,
+        workspace,
+        seq,
+        status,
+        text,
+        tuple(t for t in client_tools or () if isinstance(t, dict)),
+        parent_call_id,
+        bound,
+        admitted=admitted_at is not None or status != TurnState.QUEUED,
+        behind=bool(behind),
+    )
 
 
 def get_turn(sessions: Sessions, turn_id: str) -> Turn:
@@ -154,6 +200,7 @@ def earlier_unfinished_turns(sessions: Sessions, info: TurnInfo) -> list[str]:
 
 
 _messages = cast(Table, Message.__table__)
+_calls = cast(Table, ToolCall.__table__)
 
 
 def _updated(s: Session, statement: Any) -> bool:
@@ -165,15 +212,6 @@ def _elapsed_ms(started: datetime | None, now: datetime) -> int:
     """Milliseconds from ``started`` (None: ``now``) to ``now``, never negative."""
     since = as_utc(started) if started else now
     return max(0, int((now - since).total_seconds() * 1000))
-
-
-def _next_seq_sql(conversation_id: str) -> Any:
-    """The conversation's next message seq, as a subquery of the INSERT that takes it."""
-    return (
-        select(func.coalesce(func.max(_messages.c.seq), 0) + 1)
-        .where(_messages.c.conversation_id == conversation_id)
-        .scalar_subquery()
-    )
 
 
 def _next_seq(s: Session, conversation_id: str) -> int:
@@ -196,11 +234,16 @@ class Opened:
 
 
 def open_turn(
-    sessions: Sessions, info: TurnInfo, model: str, timeout_s: float | None = None
+    sessions: Sessions,
+    info: TurnInfo,
+    model: str,
+    timeout_s: float | None = None,
+    then: Callable[[Session], object] | None = None,
 ) -> Opened:
     """Read the turn and, if it is queued and not cancelled, start it, in ONE transaction:
     queued → running, and the user's text enters the transcript. ``timeout_s``: the turn's
-    wall-clock limit, from now (its ``deadline_at``)."""
+    wall-clock limit, from now (its ``deadline_at``). ``then``: more writes of the same
+    transaction when it starts the turn (``turn_started``'s webhook deliveries)."""
     with sessions() as s, s.begin():
         turn = s.get(Turn, info.turn_id)
         if turn is None:
@@ -227,6 +270,8 @@ def open_turn(
                 content=[{"type": "text", "text": turn.text}],
             )
         )
+        if then is not None:
+            then(s)
         return Opened(
             found.status,
             found.cancel_requested,
@@ -276,6 +321,8 @@ class LoopState:
     cancel_requested: bool  # the root turn's committed cancel flag
     message_id: str | None  # the turn's latest assistant message
     call_statuses: tuple[str, ...]  # of that message's calls, in position order
+    # Whether its user has a token budget at all (``user_limits``): none, no budget to read.
+    has_budget: bool = True
 
 
 _root = aliased(Turn)
@@ -288,9 +335,16 @@ _last_message = (
     .scalar_subquery()
 )
 _LOOP_STATE = (
-    select(Turn.step, _root.cancel_requested, _last_message, ToolCall.status)
+    select(
+        Turn.step,
+        _root.cancel_requested,
+        _last_message,
+        UserLimits.day_tokens.is_not(None) | UserLimits.month_tokens.is_not(None),
+        ToolCall.status,
+    )
     .select_from(Turn)
     .join(_root, _root.id == bindparam("root_turn_id"))
+    .outerjoin(UserLimits, UserLimits.user_id == Turn.user_id)
     .outerjoin(ToolCall, ToolCall.message_id == _last_message)
     .where(Turn.id == bindparam("turn_id"))
     .order_by(ToolCall.position)
@@ -298,15 +352,64 @@ _LOOP_STATE = (
 
 
 def loop_state(sessions: Sessions, turn_id: str, root_turn_id: str) -> LoopState:
-    """The turn's step, its root's cancel flag and its latest assistant message's calls, in
-    ONE statement (it was four: the message, its calls, the cancel flag, the step)."""
+    """The turn's step, its root's cancel flag, its latest assistant message's calls and
+    whether its user has a token budget, in ONE statement (it was five: the message, its
+    calls, the cancel flag, the step, the user's limits)."""
     with sessions() as s:
         rows = s.execute(_LOOP_STATE, {"turn_id": turn_id, "root_turn_id": root_turn_id}).all()
     if not rows:
         raise LookupError(f"no turn {turn_id!r}")
-    step, cancel, message_id, _status = rows[0]
+    step, cancel, message_id, budgeted, _status = rows[0]
     statuses = tuple(status for *_, status in rows if status is not None)
-    return LoopState(step, bool(cancel), message_id, statuses)
+    return LoopState(step, bool(cancel), message_id, statuses, bool(budgeted))
+
+
+_requests = cast(Table, ModelRequest.__table__)
+_STEP_UPDATE = (
+    update(Turn)
+    .where(Turn.id == bindparam("step_turn_id"))
+    .values(
+        step=Turn.step + 1,
+        input_tokens=Turn.input_tokens + bindparam("add_input_tokens"),
+        output_tokens=Turn.output_tokens + bindparam("add_output_tokens"),
+    )
+    .returning(Turn.step)
+    .execution_options(synchronize_session=False)
+)
+_STEP_MESSAGE = (
+    insert(_messages)
+    .values(
+        seq=select(func.coalesce(func.max(_messages.c.seq), 0) + 1)
+        .where(_messages.c.conversation_id == bindparam("seq_conversation_id"))
+        .scalar_subquery()
+    )
+    .returning(_messages.c.seq)
+)
+_CALL_COLUMNS = (
+    "id",
+    "turn_id",
+    "message_id",
+    "position",
+    "tool_use_id",
+    "tool",
+    "input",
+    "status",
+    "executor",
+    "timeout_s",
+    "error",
+    "output",
+    "expires_at",
+    "finished_at",
+    "duration_ms",
+    "attempts",
+)
+
+
+def request_values(request: ModelRequest) -> dict[str, Any]:
+    """The column values of a model request's row not yet stored (its defaults left to
+    the ``INSERT``), for a Core statement."""
+    values = {c.key: getattr(request, c.key) for c in _requests.columns if c.key != "id"}
+    return {key: value for key, value in values.items() if value is not None}
 
 
 def store_step(
@@ -318,10 +421,19 @@ def store_step(
     output_tokens: int,
     request: ModelRequest | None = None,
     thinking: Sequence[dict[str, Any]] = (),
+    then: Callable[[Session, Sequence[ToolCall]], object] | None = None,
 ) -> tuple[Message, list[ToolCall]]:
     """One model step: its assistant message, its calls and its usage, in one transaction
     (``request``: the model request's row, ``usage.py``). ``thinking``: the step's thinking
-    blocks, kept first and unchanged (the API wants them back so before its ``tool_use``)."""
+    blocks, kept first and unchanged (the API wants them back so before its ``tool_use``).
+
+    Core statements built once (no unit of work, no ORM load of the turn): the step
+    counter's ``UPDATE ... RETURNING``, the message's ``INSERT ... RETURNING seq`` with
+    ``max(seq) + 1`` as its subquery, the request's row, and the calls in one
+    ``executemany``. The returned message and calls are plain (transient) objects.
+    ``then``: more writes of the same transaction, given the calls (their events' webhook
+    deliveries: ``model_step``).
+    """
     now = utcnow()
     content: list[Any] = [dict(block) for block in thinking]
     content += [{"type": "text", "text": text}] if text else []
@@ -329,55 +441,21 @@ def store_step(
         {"type": "tool_use", "id": p.use.id, "name": p.use.name, "input": p.use.input}
         for p in planned
     ]
-    with sessions() as s, s.begin():
-        # Core statements with RETURNING: no ORM load of the turn, and the message's seq
-        # computed in its own INSERT (was a SELECT max(seq) per stored message).
-        step = s.scalar(
-            update(Turn)
-            .where(Turn.id == info.turn_id)
-            .values(
-                step=Turn.step + 1,
-                input_tokens=Turn.input_tokens + input_tokens,
-                output_tokens=Turn.output_tokens + output_tokens,
-            )
-            .returning(Turn.step)
-            .execution_options(synchronize_session=False)
-        )
-        if step is None:
-            raise LookupError(f"no turn {info.turn_id!r}")
-        msg = Message(
-            id=new_id("msg"),
-            conversation_id=info.conversation_id,
-            turn_id=info.turn_id,
-            step=step,
-            role="assistant",
-            content=content,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            created_at=now,
-        )
-        msg.seq = s.execute(
-            insert(_messages)
-            .values(
-                id=msg.id,
-                conversation_id=msg.conversation_id,
-                turn_id=msg.turn_id,
-                seq=_next_seq_sql(info.conversation_id),
-                step=step,
-                role="assistant",
-                content=content,
-                input_tokens=input_tokens,
-                output_tokens=output_tokens,
-                created_at=now,
-            )
-            .returning(_messages.c.seq)
-        ).scalar_one()
-        if request is not None:
-            s.add(request)
-        calls = []
-        for position, p in enumerate(planned):
-            final = p.status not in OPEN_CALL_STATUSES
-            call = ToolCall(
+    msg = Message(
+        id=new_id("msg"),
+        conversation_id=info.conversation_id,
+        turn_id=info.turn_id,
+        role="assistant",
+        content=content,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        created_at=now,
+    )
+    calls = []
+    for position, p in enumerate(planned):
+        final = p.status not in OPEN_CALL_STATUSES
+        calls.append(
+            ToolCall(
                 id=new_id("call"),
                 turn_id=info.turn_id,
                 message_id=msg.id,
@@ -397,23 +475,70 @@ def store_step(
                 duration_ms=0 if final else None,
                 attempts=0,
             )
-            s.add(call)
-            calls.append(call)
-        return msg, calls
-
-
-def mark_running(sessions: Sessions, call_ids: Sequence[str]) -> list[ToolCall]:
-    """pending → running (with ``started_at``) for the given calls; returns those moved."""
-    moved: list[ToolCall] = []
+        )
     with sessions() as s, s.begin():
-        for call in s.scalars(
-            select(ToolCall).where(ToolCall.id.in_(call_ids), ToolCall.status == CallState.PENDING)
-        ):
-            call.status = CallState.RUNNING
-            call.started_at = utcnow()
-            call.attempts += 1
-            moved.append(call)
-    return sorted(moved, key=lambda c: c.position)
+        step = s.scalar(
+            _STEP_UPDATE,
+            {
+                "step_turn_id": info.turn_id,
+                "add_input_tokens": input_tokens,
+                "add_output_tokens": output_tokens,
+            },
+        )
+        if step is None:
+            raise LookupError(f"no turn {info.turn_id!r}")
+        msg.step = step
+        msg.seq = s.execute(
+            _STEP_MESSAGE,
+            {
+                "id": msg.id,
+                "seq_conversation_id": info.conversation_id,
+                "conversation_id": info.conversation_id,
+                "turn_id": info.turn_id,
+                "step": step,
+                "role": "assistant",
+                "content": content,
+                "input_tokens": input_tokens,
+                "output_tokens": output_tokens,
+                "created_at": now,
+            },
+        ).scalar_one()
+        if request is not None:
+            s.execute(insert(_requests), [request_values(request)])
+        if calls:
+            s.execute(
+                insert(_calls),
+                [{key: getattr(call, key) for key in _CALL_COLUMNS} for call in calls],
+            )
+        if then is not None:
+            then(s, calls)
+    return msg, calls
+
+
+_MARK_RUNNING = (
+    update(_calls)
+    .where(_calls.c.id.in_(bindparam("ids", expanding=True)), _calls.c.status == CallState.PENDING)
+    .values(status=CallState.RUNNING, started_at=bindparam("now"), attempts=_calls.c.attempts + 1)
+    .returning(_calls.c.id, _calls.c.attempts)
+)
+
+
+def mark_running(sessions: Sessions, calls: Sequence[ToolCall]) -> list[ToolCall]:
+    """pending → running (with ``started_at``) for the given calls, in ONE Core ``UPDATE
+    ... RETURNING``; returns those it moved, updated in place (no ORM load)."""
+    if not calls:
+        return []
+    now = utcnow()
+    with sessions() as s, s.begin():
+        rows = s.execute(_MARK_RUNNING, {"ids": [c.id for c in calls], "now": now})
+        moved: dict[str, int] = {call_id: attempts for call_id, attempts in rows}
+    started = []
+    for call in calls:
+        attempts = moved.get(call.id)
+        if attempts is not None:
+            call.status, call.started_at, call.attempts = CallState.RUNNING, now, attempts
+            started.append(call)
+    return sorted(started, key=lambda c: c.position)
 
 
 def retry_call(sessions: Sessions, call_id: str, attempts: int) -> ToolCall | None:
@@ -504,15 +629,40 @@ def decision_wait_ms(sessions: Sessions, call: ToolCall) -> int:
         return _waited_ms(s, call.message_id, call.decision or "?", None, None, end)
 
 
-_calls = cast(Table, ToolCall.__table__)
+_STARTED_AT = select(_calls.c.started_at).where(_calls.c.id == bindparam("call_id"))
+# The conditional end of a call (a call already ended is skipped); built once.
+_RECORD = (
+    update(_calls)
+    .where(_calls.c.id == bindparam("call_id"), _calls.c.status.in_(OPEN_CALL_STATUSES))
+    .values(
+        status=bindparam("new_status"),
+        output=bindparam("new_output"),
+        error=bindparam("new_error"),
+        duration_ms=bindparam("new_duration_ms"),
+        finished_at=bindparam("now"),
+    )
+    .returning(
+        _calls.c.tool,
+        _calls.c.message_id,
+        _calls.c.decision,
+        _calls.c.started_at,
+        _calls.c.expires_at,
+    )
+)
 
 
-def record_results(sessions: Sessions, rows: Sequence[ResultRow]) -> list[EndedCall]:
+def record_results(
+    sessions: Sessions,
+    rows: Sequence[ResultRow],
+    then: Callable[[Session, list[EndedCall]], object] | None = None,
+) -> list[EndedCall]:
     """Several calls' results in ONE transaction; returns the calls they ended, in order.
 
     Each row is one conditional Core ``UPDATE ... RETURNING`` (a call already ended is
     skipped): no ORM read, refresh or unit of work, and one commit for every result a
     single read of the results stream brought. This is the loop's hottest write.
+    ``then``: more writes of the same transaction, given the calls that ended (the
+    webhook deliveries of their events: ``TurnRunner.record_many``).
     """
     now = utcnow()
     ended: list[EndedCall] = []
@@ -520,25 +670,18 @@ def record_results(sessions: Sessions, rows: Sequence[ResultRow]) -> list[EndedC
         for row in rows:
             duration_ms = row.duration_ms
             if duration_ms is None:
-                started = s.scalar(select(_calls.c.started_at).where(_calls.c.id == row.call_id))
+                started = s.scalar(_STARTED_AT, {"call_id": row.call_id})
                 duration_ms = _elapsed_ms(started, now)
             done = s.execute(
-                update(_calls)
-                .where(_calls.c.id == row.call_id, _calls.c.status.in_(OPEN_CALL_STATUSES))
-                .values(
-                    status=row.status,
-                    output=row.output,
-                    error=row.error,
-                    duration_ms=duration_ms,
-                    finished_at=now,
-                )
-                .returning(
-                    _calls.c.tool,
-                    _calls.c.message_id,
-                    _calls.c.decision,
-                    _calls.c.started_at,
-                    _calls.c.expires_at,
-                )
+                _RECORD,
+                {
+                    "call_id": row.call_id,
+                    "new_status": row.status,
+                    "new_output": row.output,
+                    "new_error": row.error,
+                    "new_duration_ms": duration_ms,
+                    "now": now,
+                },
             ).one_or_none()
             if done is not None:
                 tool, message_id, decision, started_at, expires_at = done
@@ -548,6 +691,8 @@ def record_results(sessions: Sessions, rows: Sequence[ResultRow]) -> list[EndedC
                         row.call_id, tool, row.status, row.output, row.error, duration_ms, waited
                     )
                 )
+        if then is not None and ended:
+            then(s, ended)
     return ended
 
 
@@ -577,11 +722,14 @@ def finish_turn(
     status: str,
     error: str | None,
     usage_to: str | None = None,
+    then: Callable[[Session, Turn], object] | None = None,
 ) -> Turn | None:
     """Mark the turn finished; None if it already was (someone else finished it).
 
     Child turns of its spawn_agent calls that did not end (their runner died) end with it.
-    ``usage_to``: a parent turn that is charged this (child) turn's usage, once.
+    ``usage_to``: a parent turn that is charged this (child) turn's usage, once. ``then``:
+    more of the same transaction once it finished the turn (``turn_finished``'s usage and
+    webhook deliveries).
     """
     with sessions() as s, s.begin():
         turn = s.get(Turn, turn_id)
@@ -602,6 +750,8 @@ def finish_turn(
             )
             .values(status=TurnState.CANCELLED, error=f"its parent turn ended ({status})")
         )
+        if then is not None:
+            then(s, turn)
         return turn
 
 

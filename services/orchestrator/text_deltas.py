@@ -33,6 +33,13 @@ class DeltaBuffer:
         if self._clock() - self._since >= self._window_s:
             self.flush()
 
+    def take(self) -> str:
+        """Whatever is buffered, handed to the caller instead of emitted (it goes out in
+        the caller's batch)."""
+        text = "".join(self._parts)
+        self._parts.clear()
+        return text
+
     def flush(self) -> None:
         """Emit whatever is buffered."""
         if self._parts:

@@ -27,7 +27,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
+from sqlalchemy.orm import Session
 
 from signalbox.services.orchestrator import (
     alarms,
@@ -59,14 +60,20 @@ from signalbox.services.orchestrator.store import (
 from signalbox.services.orchestrator.transcript import OPEN_CALL_STATUSES
 from signalbox.services.orchestrator.turn_deadline import TurnDeadline
 from signalbox.shared.agents import AgentSpec, bound_agent
-from signalbox.shared.db.models import ToolCall
-from signalbox.shared.db.webhooks import WEBHOOK_EVENT_KINDS, enqueue
+from signalbox.shared.db.models import ToolCall, Turn
+from signalbox.shared.db.webhooks import WEBHOOK_EVENT_KINDS, Webhook, enqueue
 from signalbox.shared.events import EventKind, tool_call_finished, turn_finished
 from signalbox.shared.statuses import CallDecision, CallState, TurnState
 from signalbox.shared.tool_contract import ToolSpec
 
 log = logging.getLogger(__name__)
 
+_WEBHOOK_KINDS = select(Webhook.kinds).where(Webhook.user_id == bindparam("user_id"))
+
+# How old the catalogue a step's offers read may be for its calls' dispatch to reuse it;
+# a worker gone within it gets the call all the same, which then ends ``lost``, as when
+# a worker dies just after it was sent.
+CATALOGUE_REUSE_S = 1.0
 # Open calls that wait on a human's decision or a client's answer (the turn may park).
 WAITS_ON_SOMEONE = frozenset({CallState.NEEDS_DECISION, CallState.WAITING})
 
@@ -104,6 +111,24 @@ class TurnRunner:
         )
         # The tools its last step offered and their estimated tokens (model_step.py).
         self.tools_tokens: tuple[list[ToolDef], int] | None = None
+        # The live catalogue as its last step's offers read it, and when (``step_catalogue``).
+        self._catalogue: tuple[float, dict[str, ToolSpec]] | None = None
+
+    def catalogue(self) -> dict[str, ToolSpec]:
+        """The live catalogue, read now (for a step's offers); kept for its dispatch."""
+        found = self.rt.catalogue()
+        self._catalogue = (time.monotonic(), found)
+        return found
+
+    def step_catalogue(self) -> dict[str, ToolSpec]:
+        """The catalogue the step's offers read, if that was under ``CATALOGUE_REUSE_S``
+        ago (a step's calls go out moments after its offers: one read for both), else
+        read now."""
+        kept = self._catalogue
+        if kept is not None and time.monotonic() - kept[0] < CATALOGUE_REUSE_S:
+            self._catalogue = None  # once: a later dispatch (a resume, a retry) reads again
+            return kept[1]
+        return self.rt.catalogue()
 
     def child_runner(self, info: TurnInfo) -> TurnRunner:
         """A runner for a spawn_agent child turn, under this runner's lease and cancel."""
@@ -116,22 +141,28 @@ class TurnRunner:
 
         ``data`` is best built by its model (or builder) of ``shared/events.py``.
         """
-        if isinstance(data, BaseModel):
-            data = data.model_dump(mode="json")
-        if self.child:
-            data = {**data, "parent_call_id": self.info.parent_call_id}
+        payloads = self.payloads([(kind, data)])
         if kind in WEBHOOK_EVENT_KINDS:  # committed before anyone can see the event
             with self.rt.sessions() as s, s.begin():
-                enqueue(
-                    s, self.info.user_id, self.info.conversation_id, kind, data, self.info.turn_id
-                )
-        return self.rt.events.append(self.info.conversation_id, kind, data, self.info.turn_id)
+                self.enqueue_hooks(s, payloads)
+        kind, body = payloads[0]
+        return self.rt.events.append(self.info.conversation_id, kind, body, self.info.turn_id)
 
     def emit_many(self, events: Sequence[tuple[EventKind, Mapping[str, Any] | BaseModel]]) -> None:
         """Append several events of this turn in order: their webhook deliveries in one
         transaction, then the events in one Redis round trip (``emit``, batched)."""
         if not events:
             return
+        payloads = self.payloads(events)
+        if any(kind in WEBHOOK_EVENT_KINDS for kind, _data in payloads):
+            with self.rt.sessions() as s, s.begin():  # committed before anyone can see them
+                self.enqueue_hooks(s, payloads)
+        self.append_events(payloads)
+
+    def payloads(
+        self, events: Sequence[tuple[EventKind, Mapping[str, Any] | BaseModel]]
+    ) -> list[tuple[EventKind, Mapping[str, Any]]]:
+        """The events' data as they go on the stream (a child's with its parent call)."""
         payloads: list[tuple[EventKind, Mapping[str, Any]]] = []
         for kind, data in events:
             if isinstance(data, BaseModel):
@@ -139,13 +170,32 @@ class TurnRunner:
             if self.child:
                 data = {**data, "parent_call_id": self.info.parent_call_id}
             payloads.append((kind, data))
+        return payloads
+
+    def enqueue_hooks(
+        self, session: Session, payloads: Sequence[tuple[EventKind, Mapping[str, Any]]]
+    ) -> None:
+        """The webhook deliveries of these events, in ``session``'s transaction (which must
+        commit before the events go out: ``append_events``). One read of the user's
+        webhooks' kinds for all of them; none subscribed, nothing more is read."""
         hooked = [(k, d) for k, d in payloads if k in WEBHOOK_EVENT_KINDS]
-        if hooked:  # committed before anyone can see the events
-            info = self.info
-            with self.rt.sessions() as s, s.begin():
-                for kind, data in hooked:
-                    enqueue(s, info.user_id, info.conversation_id, kind, data, info.turn_id)
-        self.rt.events.append_many(self.info.conversation_id, payloads, self.info.turn_id)
+        if not hooked:
+            return
+        subscribed = {
+            str(kind)
+            for kinds in session.scalars(_WEBHOOK_KINDS, {"user_id": self.info.user_id})
+            for kind in kinds or ()
+        }
+        info = self.info
+        for kind, data in hooked:
+            if kind in subscribed:
+                enqueue(session, info.user_id, info.conversation_id, kind, data, info.turn_id)
+
+    def append_events(self, payloads: Sequence[tuple[EventKind, Mapping[str, Any]]]) -> None:
+        """Put events (``payloads``) on the stream in one round trip; their webhook
+        deliveries must be committed already (``enqueue_hooks``)."""
+        if payloads:
+            self.rt.events.append_many(self.info.conversation_id, payloads, self.info.turn_id)
 
     def finished(self, call: ToolCall | store.EndedCall, waited_ms: int | None = None) -> None:
         """Announce a call that reached its final status (``waited_ms``: for a decision)."""
@@ -154,11 +204,21 @@ class TurnRunner:
     def _finished_event(
         self, call: ToolCall | store.EndedCall, waited_ms: int | None = None
     ) -> tuple[EventKind, BaseModel]:
-        if waited_ms is None:
-            waited_ms = call.waited_ms if isinstance(call, store.EndedCall) else 0
+        self.call_ended(call)
+        return self._finished_data(call, waited_ms)
+
+    def call_ended(self, call: ToolCall | store.EndedCall) -> None:
+        """What a call's end frees and counts (before its event goes out)."""
         metrics.tool_call_finished(call.tool, call.status, call.duration_ms)
         if self.rt.tool_slots is not None:
             self.rt.tool_slots.give_back(self.info.user_id, [call.id])
+
+    @staticmethod
+    def _finished_data(
+        call: ToolCall | store.EndedCall, waited_ms: int | None = None
+    ) -> tuple[EventKind, BaseModel]:
+        if waited_ms is None:
+            waited_ms = call.waited_ms if isinstance(call, store.EndedCall) else 0
         return "tool_call_finished", tool_call_finished(
             call.id,
             call.tool,
@@ -181,14 +241,23 @@ class TurnRunner:
         self.record_many([store.ResultRow(call.id, status, output, error, duration_ms)])
 
     def record_many(self, rows: Sequence[store.ResultRow]) -> None:
-        """End several calls in one transaction, then announce each that ended."""
+        """End several calls in one transaction with their events' webhook deliveries,
+        then announce each that ended in one Redis round trip."""
         if not rows:
             return
         if self.rt.hooks.has("after_tool"):
             rows = self._after_tool(rows)
-        ended = store.record_results(self.rt.sessions, rows)
+        announced: list[tuple[EventKind, Mapping[str, Any]]] = []
+
+        def deliveries(session: Session, ended: list[store.EndedCall]) -> None:
+            announced.extend(self.payloads([self._finished_data(done) for done in ended]))
+            self.enqueue_hooks(session, announced)
+
+        ended = store.record_results(self.rt.sessions, rows, then=deliveries)
         self.transcript.ended(ended)
-        self.emit_many([self._finished_event(done) for done in ended])
+        for done in ended:
+            self.call_ended(done)
+        self.append_events(announced)
 
     def _after_tool(self, rows: Sequence[store.ResultRow]) -> list[store.ResultRow]:
         """The rows as the ``after_tool`` hooks leave their outputs; a ``fail_closed`` hook
@@ -218,7 +287,15 @@ class TurnRunner:
         # The read and the start are one transaction, and turn_started goes out right after
         # it commits: the first thing the user sees waits on nothing else.
         timeout_s = None if self.child else self.agent.turn_timeout_s  # a child: its root's
-        turn = store.open_turn(self.rt.sessions, self.info, self.rt.model.name, timeout_s)
+        # turn_started's webhook deliveries commit with the start itself.
+        started = self.payloads([("turn_started", {"model": self.rt.model.name})])
+        turn = store.open_turn(
+            self.rt.sessions,
+            self.info,
+            self.rt.model.name,
+            timeout_s,
+            then=lambda session: self.enqueue_hooks(session, started),
+        )
         if turn.status in FINISHED_TURN_STATUSES:
             return "finished"
         if turn.status == TurnState.QUEUED:
@@ -226,7 +303,7 @@ class TurnRunner:
                 return self.finish(TurnState.CANCELLED)
             if turn.started:
                 metrics.turn_started(turn)
-                self.emit("turn_started", {"model": self.rt.model.name})
+                self.append_events(started)
                 try:
                     self.rt.hooks.turn_started(hooks.context(self))
                 except hooks.HookFailed as exc:
@@ -267,7 +344,7 @@ class TurnRunner:
             if state.message_id is None or statuses:
                 # Before a step's calls start and before the next step (never after a
                 # final answer: a turn that ended within its step completed).
-                over = budget.exhausted(self)
+                over = budget.exhausted(self, state.has_budget)
                 if over is not None:
                     return self.finish(TurnState.BUDGET_EXCEEDED, over.describe())
             if state.message_id is not None:
@@ -316,6 +393,7 @@ class TurnRunner:
             opened = self.open_calls()
         pending = [c for c in opened if c.status == CallState.PENDING]
         server = [c for c in pending if c.executor == SERVER]
+        ran = [c for c in opened if c.status == CallState.RUNNING]  # before any start here
         started, held = server_calls.dispatch(self, server, limited=True) if server else ([], 0)
         own = [c for c in pending if c.executor in (CLIENT, INLINE)]
         for call in own:
@@ -328,7 +406,6 @@ class TurnRunner:
         else:
             # Nothing but the dispatch moved a call since ``opened`` was read: the calls
             # running are those that were, and those it started (no third read).
-            ran = [c for c in opened if c.status == CallState.RUNNING]
             running = sorted([*ran, *started], key=lambda c: (c.message_id, c.position))
         for call in running:
             if call.executor != INLINE:
@@ -342,7 +419,13 @@ class TurnRunner:
         workers = [c for c in running if c.executor == SERVER and c.plan_call_id is None]
         # Calls held back for their user's limit go out as this turn's own calls end (the
         # first to end is enough), or as other turns' do (a short wait, then try again).
-        if workers and server_calls.gather(self, workers, until_first=held > 0) == "cancelled":
+        # Every call gathered was sent by this pass (none was running before it).
+        just_sent = bool(started) and not ran and not own
+        if (
+            workers
+            and server_calls.gather(self, workers, until_first=held > 0, just_sent=just_sent)
+            == "cancelled"
+        ):
             return self.finish(TurnState.CANCELLED)
         if held and not workers:
             if self._wait_for_tool_slots():
@@ -420,16 +503,25 @@ class TurnRunner:
             # After the revoke: a write call stopped just now made its proposal, or not.
             for proposal_id in store.withdraw_proposals(self.rt.sessions, self.info.turn_id):
                 self.emit("proposal_resolved", {"proposal_id": proposal_id, "status": "cancelled"})
+        announced: list[tuple[EventKind, Mapping[str, Any]]] = []
+
+        def deliveries(session: Session, turn: Turn) -> None:
+            # Its usage and webhook deliveries read and written in the finishing transaction.
+            turn_usage = usage.usage_in(session, turn)
+            finished = turn_finished(status, turn.step, turn_usage, error)
+            announced.extend(self.payloads([("turn_finished", finished)]))
+            self.enqueue_hooks(session, announced)
+
         turn = store.finish_turn(
             self.rt.sessions,
             self.info.turn_id,
             status,
             error,
             usage_to=self.root_turn_id if self.child else None,  # the parent pays for its child
+            then=deliveries,
         )
         if turn is not None:
             metrics.TURNS_FINISHED.labels(status).inc()
-            turn_usage = usage.turn_usage(self.rt.sessions, turn)
-            self.emit("turn_finished", turn_finished(status, turn.step, turn_usage, error))
+            self.append_events(announced)
             self.rt.hooks.turn_finished(hooks.context(self), status)
         return status

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from signalbox.services.orchestrator.context_budget import estimate_tokens
 from signalbox.services.orchestrator.model import ModelRequest as Request
@@ -98,23 +99,28 @@ def turn_usage(sessions: Sessions, turn: Turn) -> dict[str, Any]:
     it went, a cancelled step (estimated), the planner's and compaction's calls. ``cost_usd``
     is null when a request of the turn has a model without a price.
     """
+    with sessions() as s:
+        return usage_in(s, turn)
+
+
+def usage_in(session: Session, turn: Turn) -> dict[str, Any]:
+    """``turn_usage`` read in ``session`` (the transaction that finishes the turn)."""
     scope = (
         ModelRequest.turn_id == turn.id
         if turn.parent_call_id is not None
         else ModelRequest.root_turn_id == turn.id
     )
-    with sessions() as s:
-        fresh, out, written, read, cost, priced, requests = s.execute(
-            select(
-                func.coalesce(func.sum(ModelRequest.input_tokens), 0),
-                func.coalesce(func.sum(ModelRequest.output_tokens), 0),
-                func.coalesce(func.sum(ModelRequest.cache_creation_input_tokens), 0),
-                func.coalesce(func.sum(ModelRequest.cache_read_input_tokens), 0),
-                func.coalesce(func.sum(ModelRequest.cost_usd), 0.0),
-                func.count(ModelRequest.cost_usd),
-                func.count(ModelRequest.id),
-            ).where(scope)
-        ).one()
+    fresh, out, written, read, cost, priced, requests = session.execute(
+        select(
+            func.coalesce(func.sum(ModelRequest.input_tokens), 0),
+            func.coalesce(func.sum(ModelRequest.output_tokens), 0),
+            func.coalesce(func.sum(ModelRequest.cache_creation_input_tokens), 0),
+            func.coalesce(func.sum(ModelRequest.cache_read_input_tokens), 0),
+            func.coalesce(func.sum(ModelRequest.cost_usd), 0.0),
+            func.count(ModelRequest.cost_usd),
+            func.count(ModelRequest.id),
+        ).where(scope)
+    ).one()
     return {
         "input_tokens": int(fresh),
         "output_tokens": int(out),

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from signalbox.shared.admission import Limits, admit, waiting_by_user
+from signalbox.shared.admission import Limits, admit, anyone_waiting, waiting_by_user
 from signalbox.shared.db import Conversation, Turn, UserLimits
 from signalbox.shared.db.models import now
 from signalbox.shared.ids import new_id
@@ -204,3 +204,84 @@ def test_racing_passes_never_exceed_a_limit(queue: Queue, make_user: Users) -> N
     admitted = [turn for result in results for turn in result]
     assert len(admitted) == len(set(admitted)) == 12
     assert Counter(queue.owners(admitted)) == {user: 3 for user in users}
+
+
+# The orchestrator's side (``Runtime.admit_waiting_turns(if_waiting=True)``): its slot freed
+# (F), then ``anyone_waiting`` and a pass only if it says so (O). The gateway's side: a turn
+# stored (I), then its own pass (P). Every order the two processes can take.
+SKIP_ORDERS = ["FOIP", "FIOP", "FIPO", "IFOP", "IFPO", "IPFO"]
+
+
+@pytest.mark.parametrize("order", SKIP_ORDERS)
+def test_skipping_the_pass_when_none_waits_strands_no_turn(
+    queue: Queue, make_user: Users, order: str
+) -> None:
+    """A turn stored while the only slot frees is admitted once, whichever order the
+    orchestrator's check and the gateway's insert and pass take."""
+    limits = Limits(per_user=0, deployment=1)
+    user, _ = make_user()
+    running = queue.turn(user)
+    queue.set(running, status=TurnState.RUNNING, admitted_at=now())
+    stored: list[str] = []
+    admitted: list[str] = []
+
+    def orchestrator_check() -> None:
+        with queue.sessions() as s:
+            waiting = anyone_waiting(s, queue.deployment)
+        if waiting:
+            admitted.extend(queue.admit(limits))
+
+    steps: dict[str, Callable[[], object]] = {
+        "F": lambda: queue.set(running, status=TurnState.COMPLETED),
+        "O": orchestrator_check,
+        "I": lambda: stored.append(queue.turn(user)),
+        "P": lambda: admitted.extend(queue.admit(limits)),
+    }
+    for step in order:
+        steps[step]()
+    assert admitted == stored, f"order {order}: the stored turn was admitted exactly once"
+    with queue.sessions() as s:
+        assert not anyone_waiting(s, queue.deployment)
+
+
+def test_racing_checks_and_inserts_leave_no_turn_waiting_for_a_free_slot(
+    queue: Queue, make_user: Users
+) -> None:
+    """Threads this time: orchestrators freeing slots and checking, gateways storing turns
+    and passing, all at once; afterwards no turn waits while a slot is free."""
+    limits = Limits(per_user=0, deployment=4)
+    users = [make_user()[0] for _ in range(4)]
+    running = [queue.turn(u) for u in users]
+    for turn_id in running:
+        queue.set(turn_id, status=TurnState.RUNNING, admitted_at=now())
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def orchestrator(turn_id: str) -> None:
+        try:
+            start.wait(timeout=30)
+            queue.set(turn_id, status=TurnState.COMPLETED)
+            with queue.sessions() as s:
+                waiting = anyone_waiting(s, queue.deployment)
+            if waiting:
+                queue.admit(limits)
+        except BaseException as exc:
+            errors.append(exc)
+
+    def gateway(user_id: str) -> None:
+        try:
+            start.wait(timeout=30)
+            queue.turn(user_id)
+            queue.admit(limits)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=orchestrator, args=(t,)) for t in running]
+    threads += [threading.Thread(target=gateway, args=(u,)) for u in users]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors
+    with queue.sessions() as s:
+        assert not anyone_waiting(s, queue.deployment)  # 4 new turns, 4 free slots
