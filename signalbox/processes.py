@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
-
-import httpx
 
 READY_TIMEOUT_S = 60.0
 POLL_INTERVAL_S = 0.01
@@ -124,13 +124,29 @@ class Child:
 
 
 def http_ok(url: str) -> Callable[[], bool]:
-    """A readiness check: ``url`` answers 200."""
+    """A readiness check: ``url`` answers 200.
+
+    By ``http.client``, one short connection per check: an httpx client per check built a TLS
+    context each time (0.1 to 0.3 s of CPU with OpenSSL 3 on a loaded machine), taken every
+    50 ms from the very process being waited for.
+    """
+    parts = urllib.parse.urlsplit(url)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    https = parts.scheme == "https"
 
     def check() -> bool:
+        conn: http.client.HTTPConnection
+        if https:
+            conn = http.client.HTTPSConnection(parts.hostname or "", parts.port, timeout=1.0)
+        else:
+            conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=1.0)
         try:
-            return httpx.get(url, timeout=1.0).status_code == 200
-        except httpx.HTTPError:
+            conn.request("GET", path)
+            return conn.getresponse().status == 200
+        except (OSError, http.client.HTTPException):
             return False
+        finally:
+            conn.close()
 
     return check
 

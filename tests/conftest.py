@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 import secrets
+import ssl
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx._transports.default as _httpx_transport
 import pytest
 import redis
 from sqlalchemy.orm import Session, sessionmaker
@@ -23,6 +26,27 @@ from signalbox.shared.db.users import create_user
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.stack import Stack, StackConfig
 from tests.databases import own_database
+
+# httpx builds a TLS context for every client it makes, even one that only ever speaks plain
+# HTTP to 127.0.0.1: 0.1 to 0.3 s of CPU each with this machine's OpenSSL 3, and the tests
+# make thousands (``httpx.get`` makes a client per call). Clients asking for the default
+# verification share one context here, in the test process only (a context is only read once
+# built, so sharing is safe); the services build theirs once per process anyway.
+_build_ssl_context = _httpx_transport.create_ssl_context  # type: ignore[attr-defined]
+_shared_ssl_contexts: dict[bool, ssl.SSLContext] = {}
+
+
+def _shared_ssl_context(
+    verify: ssl.SSLContext | str | bool = True, cert: Any = None, trust_env: bool = True
+) -> ssl.SSLContext:
+    if verify is not True or cert is not None:
+        return _build_ssl_context(verify=verify, cert=cert, trust_env=trust_env)
+    if trust_env not in _shared_ssl_contexts:
+        _shared_ssl_contexts[trust_env] = _build_ssl_context(trust_env=trust_env)
+    return _shared_ssl_contexts[trust_env]
+
+
+_httpx_transport.create_ssl_context = _shared_ssl_context  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")
