@@ -32,7 +32,11 @@ from signalbox.shared.tool_contract import (
     withdraw_catalogue,
 )
 
-LATCH_TIMEOUT_S = 20  # a forgotten latch must not hang the suite
+LATCH_TIMEOUT_S = 45  # a forgotten latch must not hang the suite
+# Above the latch wait: a call held at the gate must outlive a killed orchestrator's
+# successor starting up, which took over 12 s on a loaded 2-core CI machine (at 10 s the
+# held calls ended `error` by their soft time limit before the test let them go).
+CALL_TIMEOUT_S = 60
 CATALOGUE_TTL_S = 300
 HEARTBEAT_S, HEARTBEAT_TTL_S = 0.5, 2.0  # the real worker's defaults
 
@@ -47,14 +51,14 @@ SPECS = {
             name="list_dir",
             description="lists the workspace",
             input_schema={"type": "object", "properties": {"path": {"type": "string"}}},
-            timeout_s=10,
+            timeout_s=CALL_TIMEOUT_S,
             idempotent=True,
         ),
         ToolSpec(
             name="search_files",
             description="regex search",
             input_schema={"type": "object", "properties": {"pattern": {"type": "string"}}},
-            timeout_s=10,
+            timeout_s=CALL_TIMEOUT_S,
             idempotent=True,
         ),
     ]
