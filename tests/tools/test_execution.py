@@ -23,7 +23,12 @@ from signalbox.services.tools.execution import (
 from signalbox.services.tools.registry import Registry, ToolContext, ToolError, ToolTimeout
 from signalbox.shared.ids import new_id
 from signalbox.shared.redis_keys import RedisKeys
-from signalbox.shared.tool_contract import ToolResult, read_catalogue
+from signalbox.shared.tool_contract import (
+    ToolResult,
+    publish_catalogue,
+    read_catalogue,
+    withdraw_catalogue,
+)
 from signalbox.shared.workspace_paths import workspace_dir
 from tests.tools.conftest import ToolEnv
 
@@ -197,6 +202,33 @@ def test_the_catalogue_is_published_refreshed_and_withdrawn(
         refresher.stop()
     assert redis_client.get(keys.tool_worker(worker)) is None
     assert redis_client.zscore(keys.tool_catalogue(), worker) is None
+
+
+def test_the_catalogue_read_is_the_union_of_live_workers_and_drops_the_expired(
+    redis_client: redis.Redis,
+) -> None:
+    """Read in one round trip (a Lua script): a worker past its expiry is dropped from the
+    set and not offered, a worker whose catalogue key vanished is skipped, and a tool two
+    live workers serve is offered once, as the worker first in the set describes it."""
+    specs = {spec.name: spec for spec in load_tools({}).specs()}
+    read, listed = specs["read_file"], specs["list_dir"]
+    first, second, expired, vanished = (new_id("worker") for _ in range(4))
+    keys = RedisKeys(f"sbtest-{new_id('catalogue')}:")  # no other test's workers in it
+    publish_catalogue(redis_client, keys, first, [read.model_copy(update={"timeout_s": 7})], 60)
+    publish_catalogue(redis_client, keys, second, [read, listed], 120)
+    publish_catalogue(redis_client, keys, vanished, [listed], 90)
+    redis_client.delete(keys.tool_worker(vanished))
+    redis_client.zadd(keys.tool_catalogue(), {expired: time.time() - 1})
+    redis_client.set(keys.tool_worker(expired), "[]")
+    try:
+        tools = read_catalogue(redis_client, keys)
+        assert set(tools) >= {"read_file", "list_dir"}
+        assert tools["read_file"].timeout_s == 7  # the first worker's
+        assert redis_client.zscore(keys.tool_catalogue(), expired) is None
+        assert read_catalogue(redis_client, keys) == tools  # by the script's digest, again
+    finally:
+        for worker in (first, second, vanished, expired):
+            withdraw_catalogue(redis_client, keys, worker)
 
 
 def test_a_tool_that_stops_itself_at_its_limit_ends_timeout(tool_env: ToolEnv) -> None:
