@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -66,7 +66,7 @@ def database_for(request: pytest.FixtureRequest, directory: Path, purpose: str) 
     Registered during the fixture's set-up, the drop runs after the fixture's own teardown
     (a stack stopped first, then its database dropped).
     """
-    context = own_database(directory, purpose)
-    url = context.__enter__()
-    request.addfinalizer(lambda: context.__exit__(None, None, None))
+    dropped = ExitStack()
+    url = dropped.enter_context(own_database(directory, purpose))
+    request.addfinalizer(dropped.close)
     return url

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from signalbox.services.orchestrator.context_budget import estimate_tokens
 from signalbox.services.orchestrator.model import ModelRequest as Request
 from signalbox.services.orchestrator.model import StepEnd, StepRetry
 from signalbox.services.orchestrator.pricing import Tokens
+from signalbox.shared.db import usage as db_usage
 from signalbox.shared.db.models import ModelRequest, Turn
 
 if TYPE_CHECKING:
@@ -110,21 +110,11 @@ def usage_in(session: Session, turn: Turn) -> dict[str, Any]:
         if turn.parent_call_id is not None
         else ModelRequest.root_turn_id == turn.id
     )
-    fresh, out, written, read, cost, priced, requests = session.execute(
-        select(
-            func.coalesce(func.sum(ModelRequest.input_tokens), 0),
-            func.coalesce(func.sum(ModelRequest.output_tokens), 0),
-            func.coalesce(func.sum(ModelRequest.cache_creation_input_tokens), 0),
-            func.coalesce(func.sum(ModelRequest.cache_read_input_tokens), 0),
-            func.coalesce(func.sum(ModelRequest.cost_usd), 0.0),
-            func.count(ModelRequest.cost_usd),
-            func.count(ModelRequest.id),
-        ).where(scope)
-    ).one()
+    used = db_usage.total(session, scope)
     return {
-        "input_tokens": int(fresh),
-        "output_tokens": int(out),
-        "cache_creation_input_tokens": int(written),
-        "cache_read_input_tokens": int(read),
-        "cost_usd": round(float(cost or 0.0), 6) if priced == requests else None,
+        "input_tokens": used.input_tokens,
+        "output_tokens": used.output_tokens,
+        "cache_creation_input_tokens": used.cache_creation_input_tokens,
+        "cache_read_input_tokens": used.cache_read_input_tokens,
+        "cost_usd": used.cost_usd if used.unpriced_requests == 0 else None,
     }

@@ -3,11 +3,12 @@ purpose. The gateway's ``GET /api/usage`` and ``signalbox usage`` both read it h
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
 
 from signalbox.shared.db.models import ModelRequest
@@ -36,6 +37,38 @@ class UsageSum:
     unpriced_requests: int  # requests whose model had no price: not in cost_usd
 
 
+# The sums of a ``UsageSum``, in its field order after ``key`` (bar ``unpriced_requests``,
+# from the count of priced requests, last): one list for every reader of usage.
+_SUMS = (
+    func.count(ModelRequest.id),
+    func.coalesce(func.sum(ModelRequest.input_tokens), 0),
+    func.coalesce(func.sum(ModelRequest.output_tokens), 0),
+    func.coalesce(func.sum(ModelRequest.cache_creation_input_tokens), 0),
+    func.coalesce(func.sum(ModelRequest.cache_read_input_tokens), 0),
+    func.coalesce(func.sum(ModelRequest.cost_usd), 0.0),
+    func.count(ModelRequest.cost_usd),
+)
+
+
+def _usage_sum(key: str | None, sums: Sequence[Any]) -> UsageSum:
+    count, inputs, outputs, written, read, cost, priced = sums
+    return UsageSum(
+        key,
+        int(count),
+        int(inputs),
+        int(outputs),
+        int(written),
+        int(read),
+        round(float(cost or 0.0), 6),
+        int(count) - int(priced),
+    )
+
+
+def total(session: Session, *where: ColumnElement[bool]) -> UsageSum:
+    """The sum over the requests matching every condition in ``where``."""
+    return _usage_sum(None, session.execute(select(*_SUMS).where(*where)).one())
+
+
 def summarize(
     session: Session,
     *,
@@ -46,41 +79,15 @@ def summarize(
 ) -> list[UsageSum]:
     """The sum over the requests selected, one per group (largest cost first), or one total."""
     key = GROUP_COLUMNS[group_by] if group_by is not None else None
-    query = select(
-        *([key] if key is not None else []),
-        func.count(ModelRequest.id),
-        func.coalesce(func.sum(ModelRequest.input_tokens), 0),
-        func.coalesce(func.sum(ModelRequest.output_tokens), 0),
-        func.coalesce(func.sum(ModelRequest.cache_creation_input_tokens), 0),
-        func.coalesce(func.sum(ModelRequest.cache_read_input_tokens), 0),
-        func.coalesce(func.sum(ModelRequest.cost_usd), 0.0),
-        func.count(ModelRequest.cost_usd),
-    )
+    query = select(*([key] if key is not None else []), *_SUMS)
     if user_id is not None:
         query = query.where(ModelRequest.user_id == user_id)
     if conversation_id is not None:
         query = query.where(ModelRequest.conversation_id == conversation_id)
     if since is not None:
         query = query.where(ModelRequest.created_at >= since)
-    if key is not None:
-        query = query.group_by(key)
-    sums = []
-    for row in session.execute(query).all():
-        values = list(row)
-        name = str(values.pop(0)) if key is not None else None
-        count, inputs, outputs, written, read, cost, priced = values
-        sums.append(
-            UsageSum(
-                name,
-                int(count),
-                int(inputs),
-                int(outputs),
-                int(written),
-                int(read),
-                round(float(cost or 0.0), 6),
-                int(count) - int(priced),
-            )
-        )
-    if key is not None:
-        sums.sort(key=lambda s: (-s.cost_usd, s.key or ""))
+    if key is None:
+        return [_usage_sum(None, session.execute(query).one())]
+    sums = [_usage_sum(str(row[0]), row[1:]) for row in session.execute(query.group_by(key))]
+    sums.sort(key=lambda s: (-s.cost_usd, s.key or ""))
     return sums
