@@ -372,6 +372,7 @@ def _store(
         if call.status not in OPEN_CALL_STATUSES:
             runner.call_ended(call)
     runner.append_events(events)
+    runner.stepped(msg, calls)
     return None
 
 

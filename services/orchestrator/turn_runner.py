@@ -60,7 +60,7 @@ from signalbox.services.orchestrator.store import (
 from signalbox.services.orchestrator.transcript import OPEN_CALL_STATUSES
 from signalbox.services.orchestrator.turn_deadline import TurnDeadline
 from signalbox.shared.agents import AgentSpec, bound_agent
-from signalbox.shared.db.models import ToolCall, Turn
+from signalbox.shared.db.models import Message, ToolCall, Turn
 from signalbox.shared.db.webhooks import WEBHOOK_EVENT_KINDS, Webhook, enqueue
 from signalbox.shared.events import EventKind, tool_call_finished, turn_finished
 from signalbox.shared.statuses import CallDecision, CallState, TurnState
@@ -113,6 +113,10 @@ class TurnRunner:
         self.tools_tokens: tuple[list[ToolDef], int] | None = None
         # The live catalogue as its last step's offers read it, and when (``step_catalogue``).
         self._catalogue: tuple[float, dict[str, ToolSpec]] | None = None
+        # The loop's state as this runner's own last move left it (a step it stored), so the
+        # next move need not read it back (``_state``); None: read it.
+        self._moved: store.LoopState | None = None
+        self._has_budget = True  # as ``loop_state`` last read it
 
     def catalogue(self) -> dict[str, ToolSpec]:
         """The live catalogue, read now (for a step's offers); kept for its dispatch."""
@@ -330,12 +334,36 @@ class TurnRunner:
         self.timed_out = True
         self.cancel.set()
 
+    def stepped(self, message: Message, calls: Sequence[ToolCall]) -> None:
+        """A model step this runner just committed: the loop's next state, known."""
+        self._moved = store.LoopState(
+            step=message.step,
+            cancel_requested=False,  # read with the next state read, as ``_state`` says
+            message_id=message.id,
+            call_statuses=tuple(call.status for call in calls),
+            has_budget=self._has_budget,
+        )
+
+    def _state(self) -> store.LoopState:
+        """The loop's state before a move: one read (the step, the cancel flag, the latest
+        step's calls, whether a budget applies), or, right after a step this runner stored,
+        what that step left. Only this runner adds steps and messages to its turn, and the
+        statuses of calls just stored only choose the way on (an open one: ``_settle``
+        reads them again). The committed cancel flag is read at least every
+        ``cancel_check_s`` all the same (a cancel is heard at once by ``CancelWatch``), and
+        a budget set meanwhile applies from the next read."""
+        moved, self._moved = self._moved, None
+        if moved is not None and time.monotonic() < self._next_cancel_check:
+            return moved
+        state = store.loop_state(self.rt.sessions, self.info.turn_id, self.root_turn_id)
+        self._next_cancel_check = time.monotonic() + self.rt.cancel_check_s
+        self._has_budget = state.has_budget
+        return state
+
     def _loop(self) -> str:
         while True:
             self.lease.check()
-            # One read per move: the step, the cancel flag, the latest step's calls.
-            state = store.loop_state(self.rt.sessions, self.info.turn_id, self.root_turn_id)
-            self._next_cancel_check = time.monotonic() + self.rt.cancel_check_s
+            state = self._state()
             if state.cancel_requested:
                 self.cancel.set()
             if self.cancel.is_set():
