@@ -115,7 +115,9 @@ class TurnRunner:
         self._catalogue: tuple[float, dict[str, ToolSpec]] | None = None
         # The loop's state as this runner's own last move left it (a step it stored), so the
         # next move need not read it back (``_state``); None: read it.
-        self._moved: store.LoopState | None = None
+        # With the step's calls not yet ended, as it stored them (its next ``_settle``'s).
+        self._moved: tuple[store.LoopState, list[ToolCall]] | None = None
+        self._opened: list[ToolCall] | None = None  # ``_settle``'s, when ``_moved`` was used
         self._has_budget = True  # as ``loop_state`` last read it
 
     def catalogue(self) -> dict[str, ToolSpec]:
@@ -336,13 +338,16 @@ class TurnRunner:
 
     def stepped(self, message: Message, calls: Sequence[ToolCall]) -> None:
         """A model step this runner just committed: the loop's next state, known."""
-        self._moved = store.LoopState(
+        state = store.LoopState(
             step=message.step,
             cancel_requested=False,  # read with the next state read, as ``_state`` says
             message_id=message.id,
             call_statuses=tuple(call.status for call in calls),
             has_budget=self._has_budget,
         )
+        # Every earlier call of the turn had ended (a step is taken only then): the open
+        # calls of the turn are this step's.
+        self._moved = (state, [call for call in calls if call.status in OPEN_CALL_STATUSES])
 
     def _state(self) -> store.LoopState:
         """The loop's state before a move: one read (the step, the cancel flag, the latest
@@ -351,10 +356,13 @@ class TurnRunner:
         statuses of calls just stored only choose the way on (an open one: ``_settle``
         reads them again). The committed cancel flag is read at least every
         ``cancel_check_s`` all the same (a cancel is heard at once by ``CancelWatch``), and
-        a budget set meanwhile applies from the next read."""
+        a budget set meanwhile applies from the next read. The step's open calls, as
+        stored, are then the next ``_settle``'s (it reads the calls otherwise)."""
         moved, self._moved = self._moved, None
+        self._opened = None
         if moved is not None and time.monotonic() < self._next_cancel_check:
-            return moved
+            self._opened = moved[1]
+            return moved[0]
         state = store.loop_state(self.rt.sessions, self.info.turn_id, self.root_turn_id)
         self._next_cancel_check = time.monotonic() + self.rt.cancel_check_s
         self._has_budget = state.has_budget
@@ -410,7 +418,9 @@ class TurnRunner:
 
     def _settle(self) -> str | None:
         """Drive the open calls of the latest step to their end; an outcome ends the run."""
-        opened = self.open_calls()
+        opened, self._opened = self._opened, None
+        if opened is None:
+            opened = self.open_calls()
         on_someone = [c for c in opened if c.status in WAITS_ON_SOMEONE]
         for call in on_someone:
             if call.status == CallState.NEEDS_DECISION:
