@@ -119,6 +119,8 @@ class TurnRunner:
         self._moved: tuple[store.LoopState, list[ToolCall]] | None = None
         self._opened: list[ToolCall] | None = None  # ``_settle``'s, when ``_moved`` was used
         self._has_budget = True  # as ``loop_state`` last read it
+        # The kinds its user's webhooks subscribe to, and until when (``enqueue_hooks``).
+        self._webhook_kinds: tuple[float, frozenset[str]] | None = None
 
     def catalogue(self) -> dict[str, ToolSpec]:
         """The live catalogue, read now (for a step's offers); kept for its dispatch."""
@@ -182,16 +184,23 @@ class TurnRunner:
         self, session: Session, payloads: Sequence[tuple[EventKind, Mapping[str, Any]]]
     ) -> None:
         """The webhook deliveries of these events, in ``session``'s transaction (which must
-        commit before the events go out: ``append_events``). One read of the user's
-        webhooks' kinds for all of them; none subscribed, nothing more is read."""
+        commit before the events go out: ``append_events``). The kinds the user's webhooks
+        subscribe to are read at most every ``cancel_check_s`` (a turn's steps enqueue
+        several times a second): a webhook added meanwhile gets the turn's events from the
+        next read on, and ``enqueue`` reads the webhooks themselves (one deleted meanwhile
+        gets nothing). None subscribed, nothing more is read."""
         hooked = [(k, d) for k, d in payloads if k in WEBHOOK_EVENT_KINDS]
         if not hooked:
             return
-        subscribed = {
-            str(kind)
-            for kinds in session.scalars(_WEBHOOK_KINDS, {"user_id": self.info.user_id})
-            for kind in kinds or ()
-        }
+        now = time.monotonic()
+        if self._webhook_kinds is None or now >= self._webhook_kinds[0]:
+            found = frozenset(
+                str(kind)
+                for kinds in session.scalars(_WEBHOOK_KINDS, {"user_id": self.info.user_id})
+                for kind in kinds or ()
+            )
+            self._webhook_kinds = (now + self.rt.cancel_check_s, found)
+        subscribed = self._webhook_kinds[1]
         info = self.info
         for kind, data in hooked:
             if kind in subscribed:
