@@ -29,7 +29,10 @@ def tick(schedule_id: str, tick_at: str) -> str:
     def resync(row: Schedule | None) -> None:
         store_schedule(app, row, schedule_id, datetime.now(UTC))
 
-    outcome = run_schedule_tick(state.sessions, state.events, app, schedule_id, due, resync)
+    deployment = state.settings.redis_prefix
+    outcome = run_schedule_tick(
+        state.sessions, state.events, app, schedule_id, due, resync, deployment
+    )
     metrics.SCHEDULE_TICKS.labels(outcome).inc()
     return outcome
 
@@ -38,7 +41,7 @@ def tick(schedule_id: str, tick_at: str) -> str:
 def alarm(alarm_id: str, tick_at: str | None = None) -> str:
     """An alarm's time has come."""
     state = scheduler_state()
-    outcome = fire_alarm(state.sessions, state.events, app, alarm_id)
+    outcome = fire_alarm(state.sessions, state.events, app, alarm_id, state.settings.redis_prefix)
     metrics.ALARMS.labels(outcome).inc()
     return outcome
 

@@ -51,8 +51,10 @@ def run_schedule_tick(
     schedule_id: str,
     tick_at: datetime,
     resync: Callable[[Schedule | None], None],
+    deployment: str,
 ) -> str:
-    """Run one tick once: ``started`` | ``duplicate`` | ``skipped`` | ``failed`` | ``gone``."""
+    """Run one tick once: ``started`` | ``duplicate`` | ``skipped`` | ``failed`` | ``gone``.
+    ``deployment``: the Redis prefix whose queues run its turn."""
     with sessions() as session:
         row = session.get(Schedule, schedule_id)
         if row is None or row.paused:
@@ -80,6 +82,7 @@ def run_schedule_tick(
                         row.conversation_id,
                         row.prompt,
                         f"schedule:{schedule_id}:{tick_at.isoformat()}",
+                        deployment=deployment,
                         workspace=row.workspace,
                         agent=row.agent,
                     )
@@ -96,9 +99,14 @@ def run_schedule_tick(
 
 
 def fire_alarm(
-    sessions: sessionmaker[Session], events: EventStream, celery: Celery, alarm_id: str
+    sessions: sessionmaker[Session],
+    events: EventStream,
+    celery: Celery,
+    alarm_id: str,
+    deployment: str,
 ) -> str:
-    """Start the alarm's turn once: ``fired`` | ``not_pending`` | ``failed``."""
+    """Start the alarm's turn once: ``fired`` | ``not_pending`` | ``failed``.
+    ``deployment``: the Redis prefix whose queues run its turn."""
     with sessions() as session:
         claimed = session.execute(
             update(Alarm)
@@ -111,7 +119,12 @@ def fire_alarm(
         text = f"[alarm] {alarm.note}"
         try:
             started = store_turn(
-                session, alarm.user_id, alarm.conversation_id, text, f"alarm:{alarm_id}"
+                session,
+                alarm.user_id,
+                alarm.conversation_id,
+                text,
+                f"alarm:{alarm_id}",
+                deployment=deployment,
             )
         except CannotStart as exc:
             log.warning("alarm %s cannot start its turn: %s", alarm_id, exc)

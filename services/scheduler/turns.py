@@ -69,10 +69,16 @@ def store_turn(
     text: str,
     client_turn_id: str,
     *,
+    deployment: str,
     workspace: str | None = None,
     agent: str | None = None,
 ) -> StartedTurn:
-    """Store a queued turn (in a new conversation when ``conversation_id`` is None)."""
+    """Store a queued turn (in a new conversation when ``conversation_id`` is None).
+
+    ``deployment`` (the Redis prefix whose queues run it) is stored as the gateway stores it:
+    an admission pass sees only its own deployment's waiting turns, so a turn stored without
+    one and sent while an earlier turn of its conversation still ran was never admitted
+    when that turn ended (it stayed ``queued`` for good)."""
     new = conversation_id is None
     if conversation_id is None:
         conversation = _new_conversation(session, user_id, workspace, text, agent)
@@ -103,6 +109,7 @@ def store_turn(
         text=text,
         client_turn_id=client_turn_id,
         status=TurnState.QUEUED,
+        deployment=deployment,
     )
     session.add(turn)
     session.flush()
