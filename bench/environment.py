@@ -25,7 +25,15 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from bench.machine import REPO, Machine, describe, raise_fd_limit
 from bench.noop_app import NOOP_QUEUE
-from signalbox.processes import Child, ServiceCommands, log_contains, python_module
+from signalbox.processes import (
+    Child,
+    Launch,
+    ServiceCommands,
+    log_contains,
+    python_module,
+    start_together,
+    stop_together,
+)
 from signalbox.redis_server import RedisServer, free_port, start_redis
 from signalbox.shared.celery_app import make_celery
 from signalbox.shared.db import make_engine, make_session_factory
@@ -222,8 +230,9 @@ class BenchEnv:
         pool = Pool(processes, concurrency)
         self.tools_pool = pool
         self.stack.commands.tools_concurrency = concurrency
-        for i in range(processes):
-            pool.children.append(self.stack.start_tools_worker(f"tools{i + 1}", queues="tools"))
+        names = [f"tools{i + 1}" for i in range(processes)]
+        self.stack.start_tools_workers(names, queues="tools")
+        pool.children.extend(self.stack.children[name] for name in names)
         self._wait_catalogue(processes)
         return pool
 
@@ -242,7 +251,7 @@ class BenchEnv:
             return
         for child in self.tools_pool.children:
             self.stack.children.pop(child.name, None)
-            child.stop()
+        stop_together(self.tools_pool.children)
         self.tools_pool = None
 
     def noop_workers(self, processes: int, concurrency: int) -> Pool:
@@ -253,6 +262,7 @@ class BenchEnv:
         self.stop_noop()
         pool = Pool(processes, concurrency)
         self.noop_pool = pool
+        launches = []
         for i in range(processes):
             name = f"noop{i + 1}"
             args = python_module(
@@ -261,17 +271,16 @@ class BenchEnv:
                 "-n", f"{name}@%h", "--without-gossip", "--without-mingle", "--loglevel", "INFO",
             )  # fmt: skip
             child = Child(name, args, self.var_dir / "logs" / f"{name}.log", self.env())
-            child.start()
             pool.children.append(child)
-            child.wait_ready(log_contains(child, " ready."))
+            launches.append(Launch(child, log_contains(child, " ready.")))
+        start_together(launches)  # started at once; stop_noop stops them on a failure too
         return pool
 
     def stop_noop(self) -> None:
         """Stop the bare Celery workers."""
         if self.noop_pool is None:
             return
-        for child in self.noop_pool.children:
-            child.stop()
+        stop_together(self.noop_pool.children)
         self.noop_pool = None
 
     # -- clients ---------------------------------------------------------------------------

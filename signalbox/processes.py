@@ -1,4 +1,8 @@
-"""Child processes of one Signalbox stack: start, wait until ready, stop the whole group."""
+"""Child processes of one Signalbox stack: start, wait until ready, stop the whole group.
+
+Several children start and stop together (``start_together``, ``stop_together``): each
+service spends seconds of CPU importing, and one after the other a stack took 17 s to start.
+"""
 
 from __future__ import annotations
 
@@ -10,13 +14,15 @@ import subprocess
 import sys
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 10.0  # a warm shutdown's time, after SIGTERM, before SIGKILL
 POLL_INTERVAL_S = 0.01
+READY_POLL_INTERVAL_S = 0.05  # a readiness check may cost the child being waited for CPU
 
 T = TypeVar("T")
 
@@ -96,31 +102,94 @@ class Child:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, sig)
 
-    def stop(self, timeout_s: float = 10.0) -> None:
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """SIGTERM the group, then SIGKILL what is left after ``timeout_s``."""
-        if self.process is None:
-            return
-        self.signal_group(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=timeout_s)
-        self.signal_group(signal.SIGKILL)  # celery prefork children outlive a killed parent
-        if self.process.poll() is None:
-            self.process.wait()
+        stop_together([self], timeout_s)
+
+    def poll_ready(self, check: Callable[[], bool]) -> bool:
+        """``check`` once; ``StartError`` with the log tail if the child has exited."""
+        if not self.alive():
+            raise StartError(f"{self.name} exited during start-up:\n{self.log_tail()}")
+        return check()
+
+    def not_ready(self, timeout_s: float) -> StartError:
+        """The error of a child not ready within ``timeout_s``, with its log tail."""
+        return StartError(f"{self.name} not ready within {timeout_s} s:\n{self.log_tail()}")
 
     def wait_ready(self, check: Callable[[], bool], timeout_s: float = READY_TIMEOUT_S) -> None:
         """Poll ``check`` until it holds, failing early if the child exits."""
-
-        def ready() -> bool:
-            if not self.alive():
-                raise StartError(f"{self.name} exited during start-up:\n{self.log_tail()}")
-            return check()
-
         try:
-            wait_until(ready, timeout_s, self.name, interval_s=0.05)
+            wait_until(lambda: self.poll_ready(check), timeout_s, self.name, READY_POLL_INTERVAL_S)
         except TimeoutError:
-            raise StartError(
-                f"{self.name} not ready within {timeout_s} s:\n{self.log_tail()}"
-            ) from None
+            raise self.not_ready(timeout_s) from None
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A child to start, how to tell it is ready, and the children that must be ready first."""
+
+    child: Child
+    ready: Callable[[], bool]
+    after: tuple[str, ...] = ()  # names of other children of the same start
+    timeout_s: float = READY_TIMEOUT_S  # from this child's own start
+
+
+def start_together(
+    launches: Sequence[Launch], on_start: Callable[[Child], None] | None = None
+) -> None:
+    """Start every child as soon as those it comes ``after`` are ready; return when all are.
+
+    Children with nothing to wait for start at once, so their start-ups overlap. Each child
+    has ``timeout_s`` from its own start. ``StartError`` (with that child's log tail) as soon
+    as one exits or misses its deadline; the children already started keep running, for the
+    caller to stop. ``on_start`` is told of each child as it starts.
+    """
+    names = {launch.child.name for launch in launches}
+    if len(names) != len(launches):
+        raise ValueError("two children of one start share a name")
+    for launch in launches:
+        unknown = set(launch.after) - names
+        if unknown or launch.child.name in launch.after:
+            raise ValueError(f"{launch.child.name} comes after {sorted(launch.after)}: unknown")
+    waiting = list(launches)  # not started yet
+    starting: list[tuple[Launch, float]] = []  # started, not ready yet: with its deadline
+    ready: set[str] = set()
+    while waiting or starting:
+        startable = [w for w in waiting if ready.issuperset(w.after)]
+        if not startable and not starting:
+            raise ValueError(f"a cycle among {sorted(w.child.name for w in waiting)}")
+        for launch in startable:
+            waiting.remove(launch)
+            launch.child.start()
+            if on_start is not None:
+                on_start(launch.child)
+            starting.append((launch, time.monotonic() + launch.timeout_s))
+        for launch, deadline in list(starting):
+            if launch.child.poll_ready(launch.ready):
+                ready.add(launch.child.name)
+                starting.remove((launch, deadline))
+            elif time.monotonic() > deadline:
+                raise launch.child.not_ready(launch.timeout_s)
+        if starting:
+            time.sleep(READY_POLL_INTERVAL_S)  # other processes' start-up: polled, with deadlines
+
+
+def stop_together(children: Iterable[Child], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM every child's group at once, wait for all of them until one shared deadline,
+    then SIGKILL each group (Celery prefork children outlive a killed parent) and reap."""
+    started = [child for child in children if child.process is not None]
+    for child in started:
+        child.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for child in started:
+        assert child.process is not None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+    for child in started:
+        assert child.process is not None
+        child.signal_group(signal.SIGKILL)
+        if child.process.poll() is None:
+            child.process.wait()
 
 
 def http_ok(url: str) -> Callable[[], bool]:

@@ -31,7 +31,7 @@ from signalbox.shared.db.models import Turn
 from signalbox.shared.db.users import create_user
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.tool_contract import read_catalogue
-from signalbox.stack import Stack, StackConfig
+from signalbox.stack import Stack, StackConfig, stop_services
 from tests.databases import database_for
 from tests.fake_anthropic import FakeAnthropic
 
@@ -131,8 +131,7 @@ class Chaos:
             return log.read().decode(errors="replace")
 
     def stop(self) -> None:
-        for child in reversed(list(self.children.values())):
-            child.stop()
+        stop_services(self.children.values())
 
     # -- Redis -----------------------------------------------------------------------
 

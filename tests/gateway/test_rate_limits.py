@@ -17,7 +17,7 @@ import websockets
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from signalbox.processes import Child, ServiceCommands, child_env, http_ok
+from signalbox.processes import Child, ServiceCommands, child_env, http_ok, stop_together
 from signalbox.redis_server import free_port
 from signalbox.shared.db import Turn
 from tests.gateway.conftest import bearer, request
@@ -75,8 +75,7 @@ def gateways(
             child.wait_ready(http_ok(f"http://127.0.0.1:{port}/healthz"))
         yield TwoGateways(ports)
     finally:
-        for child in children:
-            child.stop()
+        stop_together(children)
 
 
 def _refused(response: httpx.Response) -> None:

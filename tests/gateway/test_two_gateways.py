@@ -16,7 +16,7 @@ import pytest
 import redis
 import websockets
 
-from signalbox.processes import Child, ServiceCommands, child_env, http_ok
+from signalbox.processes import Child, ServiceCommands, child_env, http_ok, stop_together
 from signalbox.redis_server import free_port
 from signalbox.shared.event_stream import EventStream
 from signalbox.shared.redis_keys import RedisKeys
@@ -74,8 +74,7 @@ def two_gateways(
             child.wait_ready(http_ok(f"http://127.0.0.1:{port}/healthz"))
         yield Gateways(children, ports, RedisKeys(prefix))
     finally:
-        for child in children:
-            child.stop()
+        stop_together(children)
 
 
 async def follow(

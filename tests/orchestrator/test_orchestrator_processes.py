@@ -16,7 +16,14 @@ from celery import Celery
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from signalbox.processes import Child, ServiceCommands, child_env, log_contains, python_module
+from signalbox.processes import (
+    Child,
+    ServiceCommands,
+    child_env,
+    log_contains,
+    python_module,
+    stop_together,
+)
 from signalbox.services.orchestrator.demo_model import DEMO_LABEL
 from signalbox.shared.celery_app import RUN_TURN_TASK, make_celery
 from signalbox.shared.db.models import ToolCall, Turn
@@ -93,8 +100,7 @@ def deployment(
         )
         yield Deployment(keys, app, client, children, env, logs)
     finally:
-        for child in children:
-            child.stop()
+        stop_together(children)
         client.close()
 
 

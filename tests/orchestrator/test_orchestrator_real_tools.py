@@ -23,7 +23,7 @@ import redis
 from celery import Celery
 from sqlalchemy.orm import Session, sessionmaker
 
-from signalbox.processes import Child, ServiceCommands, child_env, log_contains
+from signalbox.processes import Child, ServiceCommands, child_env, log_contains, stop_together
 from signalbox.shared.celery_app import RUN_TURN_TASK, make_celery
 from signalbox.shared.event_stream import EventStream
 from signalbox.shared.events import Event
@@ -133,8 +133,7 @@ def deployment(
             }
             yield Deployment(keys, app, client, fake, tools, settings, children)
         finally:
-            for child in children:
-                child.stop()
+            stop_together(children)
             client.close()
             app.close()
 

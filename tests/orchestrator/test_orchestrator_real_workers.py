@@ -31,7 +31,15 @@ from celery import Celery
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from signalbox.processes import Child, ServiceCommands, child_env, http_ok, log_contains, wait_until
+from signalbox.processes import (
+    Child,
+    ServiceCommands,
+    child_env,
+    http_ok,
+    log_contains,
+    stop_together,
+    wait_until,
+)
 from signalbox.redis_server import free_port
 from signalbox.services.tools.cgroups import RUN_PREFIX
 from signalbox.services.tools.sandbox import SANDBOX_UID_BASE, SANDBOX_UID_SPAN, unavailable
@@ -146,8 +154,7 @@ def deployment(
             )
             yield Deployment(keys, app, client, fake, workspaces, children)
         finally:
-            for child in children:
-                child.stop()
+            stop_together(children)
             client.close()
             app.close()
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from signalbox.processes import Child, ServiceCommands, child_env, log_contains
+from signalbox.processes import Child, ServiceCommands, child_env, log_contains, stop_together
 from signalbox.shared.celery_app import RUN_TOOL_TASK, make_celery
 from signalbox.shared.ids import new_id
 from signalbox.shared.redis_keys import RedisKeys
@@ -87,8 +87,7 @@ def workers(
         b.wait_ready(log_contains(b, " ready."))
         yield a, b
     finally:
-        a.stop()
-        b.stop()
+        stop_together([a, b])
 
 
 def test_two_workers_limits_in_c_the_sandbox_queue_and_a_killed_worker(
