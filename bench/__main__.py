@@ -1,6 +1,6 @@
 """``python -m bench``: run the benchmarks, print them, write JSON and docs/benchmarks.md.
 
-python -m bench                       # the whole suite (about 5 minutes on 2 cores)
+python -m bench                       # the whole suite (about 15 minutes on 2 cores)
 python -m bench --only relay,turn     # some of it; the page keeps the others' last figures
 python -m bench --quick --rounds 2    # tiny sizes, for the smoke test (no page)
 python -m bench --only load           # issue 7's load run: 200 conversations at once (~1 min)

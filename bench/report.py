@@ -66,17 +66,18 @@ def merged(run: dict[str, Any], results_dir: Path, this_file: Path | None) -> di
 
     ``sources`` lists every run the page draws on (when, which commit, which benchmarks).
     """
-    have = {r["id"] for r in run["results"]} | {e["id"] for e in run.get("errors", [])}
+    have = {_merge_key(r) for r in run["results"]} | {e["id"] for e in run.get("errors", [])}
     results = list(run["results"])
     profiles = dict(run.get("profiles") or {})
-    sources = [_source(run, sorted(have))]
+    sources = [_source(run, sorted({r["id"] for r in run["results"]}))]
     borrowed_from: dict[str, str] = {}
     for older in _older_full_runs(results_dir, this_file):
         taken: set[str] = set()
         for result in older["results"]:
-            if result["id"] in have:
+            key = _merge_key(result)
+            if key in have:
                 continue
-            source = borrowed_from.setdefault(result["id"], older["started_at"])
+            source = borrowed_from.setdefault(key, older["started_at"])
             if source == older["started_at"]:  # every variant from the same, newest run
                 results.append({**result, "from_run": source})
                 taken.add(result["id"])
@@ -86,6 +87,14 @@ def merged(run: dict[str, Any], results_dir: Path, this_file: Path | None) -> di
         if taken:
             sources.append(_source(older, sorted(taken)))
     return {**run, "results": results, "profiles": profiles, "sources": sources}
+
+
+def _merge_key(result: dict[str, Any]) -> str:
+    """What a newer run's result replaces: every variant of its benchmark, but a run on
+    PostgreSQL (``load@200-postgres``, ``--postgres``) only the PostgreSQL variants, so the
+    page shows the load run on both databases."""
+    variant = str(result.get("variant", ""))
+    return f"{result['id']}-postgres" if variant.endswith("-postgres") else str(result["id"])
 
 
 def _source(run: dict[str, Any], ids: list[str]) -> dict[str, Any]:
@@ -361,7 +370,7 @@ def render_markdown(run: dict[str, Any], plots: Sequence[str]) -> str:
         "",
         *_sources(run),
         "",
-        "Run it: `python -m bench` (the whole suite, about 5 minutes on 2 cores), "
+        "Run it: `python -m bench` (the whole suite, about 15 minutes on 2 cores), "
         "`python -m bench --only relay,turn --rounds 10`, `python -m bench --quick` (tiny "
         "sizes, no page), `python -m bench --profile` (also profiles the services, in an "
         "extra pass that is not measured). It starts its own Redis, SQLite database, fake "
