@@ -73,8 +73,8 @@ GATEWAY_FOCUS = (
     "Gateway.db.",  # SQL work, in a worker thread
     "Gateway.enqueue_turn.",  # the Celery publish, in a worker thread
 )
-ORCHESTRATOR_FOCUS = ("run_turn (services/orchestrator/loop.py)",)
-TOOLS_FOCUS = ("run_tool (services/tools/tasks.py)",)
+ORCHESTRATOR_FOCUS = ("run_turn (signalbox/services/orchestrator/loop.py)",)
+TOOLS_FOCUS = ("run_tool (signalbox/services/tools/tasks.py)",)
 
 # In the order they run: fewest restarts of tool workers between neighbours.
 BENCHMARKS: dict[str, Benchmark] = {
