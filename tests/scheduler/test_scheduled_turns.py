@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import redis
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -39,121 +41,127 @@ class SentTasks:
         self.sent.append((name, args))
 
 
-def _conversation_with_a_running_turn(
-    sessions: sessionmaker[Session], user_id: str, deployment: str
-) -> tuple[str, str]:
-    with sessions() as s, s.begin():
-        conversation = Conversation(id=new_id("conv"), user_id=user_id, workspace="default")
+@dataclass(frozen=True)
+class Scene:
+    """A user's conversation whose turn is running, on a deployment of the test's own (no
+    other test's turns in its admission passes), and what the scheduler's calls are given."""
+
+    sessions: sessionmaker[Session]
+    deployment: str
+    user_id: str
+    conversation_id: str
+    earlier_id: str  # the running turn
+    events: EventStream
+    celery: SentTasks
+
+    def add(self, row: Alarm | Schedule) -> None:
+        with self.sessions() as s, s.begin():
+            s.add(row)
+
+    def the_earlier_turn_ends_and_admission_runs(self) -> list[str]:
+        with self.sessions() as s, s.begin():
+            s.execute(
+                update(Turn)
+                .where(Turn.id == self.earlier_id)
+                .values(status=TurnState.COMPLETED, finished_at=now())
+            )
+        with self.sessions() as s, s.begin():
+            return admit(s, Limits(per_user=1, deployment=0), self.deployment)
+
+
+@pytest.fixture
+def scene(
+    db_sessions: sessionmaker[Session],
+    make_user: Callable[[], tuple[str, str]],
+    redis_client: redis.Redis,
+) -> Scene:
+    deployment = f"sbtest-{uuid.uuid4().hex[:8]}:"
+    user_id, _token = make_user()
+    conversation = Conversation(id=new_id("conv"), user_id=user_id, workspace="default")
+    running = Turn(
+        id=new_id("turn"),
+        conversation_id=conversation.id,
+        user_id=user_id,
+        seq=1,
+        text="a long task",
+        status=TurnState.RUNNING,
+        deployment=deployment,
+        admitted_at=now(),
+        started_at=now(),
+    )
+    with db_sessions() as s, s.begin():
         s.add(conversation)
         s.flush()
-        running = Turn(
-            id=new_id("turn"),
-            conversation_id=conversation.id,
-            user_id=user_id,
-            seq=1,
-            text="a long task",
-            status=TurnState.RUNNING,
-            deployment=deployment,
-            admitted_at=now(),
-            started_at=now(),
-        )
         s.add(running)
-        return conversation.id, running.id
-
-
-def _the_earlier_turn_ends_and_admission_runs(
-    sessions: sessionmaker[Session], earlier_id: str, deployment: str
-) -> list[str]:
-    with sessions() as s, s.begin():
-        s.execute(
-            update(Turn)
-            .where(Turn.id == earlier_id)
-            .values(status=TurnState.COMPLETED, finished_at=now())
-        )
-    with sessions() as s, s.begin():
-        return admit(s, Limits(per_user=1, deployment=0), deployment)
+    events = EventStream(redis_client, RedisKeys(deployment))
+    return Scene(db_sessions, deployment, user_id, conversation.id, running.id, events, SentTasks())
 
 
 def test_an_alarm_fired_behind_a_running_turn_is_admitted_when_that_turn_ends(
-    db_sessions: sessionmaker[Session],
-    make_user: Callable[[], tuple[str, str]],
-    redis_client: redis.Redis,
+    scene: Scene,
 ) -> None:
-    deployment = f"sbtest-{uuid.uuid4().hex[:8]}:"  # no other test's turns in its passes
-    user_id, _token = make_user()
-    conversation_id, earlier_id = _conversation_with_a_running_turn(
-        db_sessions, user_id, deployment
-    )
     alarm_id = new_id("alarm")
-    with db_sessions() as s, s.begin():
-        s.add(
-            Alarm(
-                id=alarm_id,
-                user_id=user_id,
-                conversation_id=conversation_id,
-                wake_at=now(),
-                note="check the build",
-            )
+    scene.add(
+        Alarm(
+            id=alarm_id,
+            user_id=scene.user_id,
+            conversation_id=scene.conversation_id,
+            wake_at=now(),
+            note="check the build",
         )
-    celery = SentTasks()
-    events = EventStream(redis_client, RedisKeys(deployment))
+    )
 
-    outcome = fire_alarm(db_sessions, events, celery, alarm_id, deployment)  # type: ignore[arg-type]
+    outcome = fire_alarm(
+        scene.sessions,
+        scene.events,
+        scene.celery,  # type: ignore[arg-type]
+        alarm_id,
+        scene.deployment,
+    )
 
     assert outcome == "fired"
-    with db_sessions() as s:
+    with scene.sessions() as s:
         alarm_turn = s.scalars(select(Turn).where(Turn.client_turn_id == f"alarm:{alarm_id}")).one()
-        assert alarm_turn.deployment == deployment
+        assert alarm_turn.deployment == scene.deployment
         assert alarm_turn.status == TurnState.QUEUED
-        assert anyone_waiting(s, deployment)
-    assert celery.sent == [(RUN_TURN_TASK, [alarm_turn.id])]
-    assert _the_earlier_turn_ends_and_admission_runs(db_sessions, earlier_id, deployment) == [
-        alarm_turn.id
-    ]
+        assert anyone_waiting(s, scene.deployment)
+    assert scene.celery.sent == [(RUN_TURN_TASK, [alarm_turn.id])]
+    assert scene.the_earlier_turn_ends_and_admission_runs() == [alarm_turn.id]
 
 
 def test_a_schedule_tick_behind_a_running_turn_is_admitted_when_that_turn_ends(
-    db_sessions: sessionmaker[Session],
-    make_user: Callable[[], tuple[str, str]],
-    redis_client: redis.Redis,
+    scene: Scene,
 ) -> None:
-    deployment = f"sbtest-{uuid.uuid4().hex[:8]}:"
-    user_id, _token = make_user()
-    conversation_id, earlier_id = _conversation_with_a_running_turn(
-        db_sessions, user_id, deployment
-    )
     schedule_id = new_id("sched")
-    tick_at = now().replace(microsecond=0) - timedelta(seconds=1)
-    with db_sessions() as s, s.begin():
-        s.add(
-            Schedule(
-                id=schedule_id,
-                user_id=user_id,
-                conversation_id=conversation_id,
-                prompt="the morning report",
-                kind="interval",
-                interval_s=3600,
-            )
+    scene.add(
+        Schedule(
+            id=schedule_id,
+            user_id=scene.user_id,
+            conversation_id=scene.conversation_id,
+            prompt="the morning report",
+            kind="interval",
+            interval_s=3600,
         )
-    celery = SentTasks()
-    events = EventStream(redis_client, RedisKeys(deployment))
+    )
+    tick_at = now().replace(microsecond=0) - timedelta(seconds=1)
 
     outcome = run_schedule_tick(
-        db_sessions,
-        events,
-        celery,  # type: ignore[arg-type]
+        scene.sessions,
+        scene.events,
+        scene.celery,  # type: ignore[arg-type]
         schedule_id,
         tick_at,
         lambda _row: None,
-        deployment,
+        scene.deployment,
     )
 
     assert outcome == "started"
-    with db_sessions() as s:
+    with scene.sessions() as s:
         tick_turn = s.scalars(
-            select(Turn).where(Turn.conversation_id == conversation_id, Turn.id != earlier_id)
+            select(Turn).where(
+                Turn.conversation_id == scene.conversation_id, Turn.id != scene.earlier_id
+            )
         ).one()
-        assert tick_turn.deployment == deployment
-    assert _the_earlier_turn_ends_and_admission_runs(db_sessions, earlier_id, deployment) == [
-        tick_turn.id
-    ]
+        assert tick_turn.deployment == scene.deployment
+    assert scene.celery.sent == [(RUN_TURN_TASK, [tick_turn.id])]
+    assert scene.the_earlier_turn_ends_and_admission_runs() == [tick_turn.id]
