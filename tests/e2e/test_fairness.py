@@ -3,10 +3,11 @@ delay another user's turn beyond their fair share (shared/admission.py).
 
 User A sends 100 turns at once, in 100 conversations; a second later user B sends one.
 The model (the fake Messages API) takes 0.3 s per answer, so A's turns keep the
-orchestrator busy for seconds. B's turn must start (``started_at`` - ``created_at``, both
-written by the services) within twice the time B's turns take to start on the idle stack,
-and every one of A's turns must complete. Before fair scheduling, B's turn waited behind
-A's 100 messages in the orchestrator queue: seconds, not milliseconds.
+orchestrator busy for seconds. Of A's turns still waiting when B's was stored, fewer than
+half may start before B's (only those refilling A's share of slots while B's starts): in
+a first-come queue every one of them would. Every one of A's turns must complete, never
+more than A's share at once. The test asserts order, not time (CI's load moves times 10x);
+it prints how long B's start took alone and under the flood.
 """
 
 from __future__ import annotations
@@ -32,9 +33,6 @@ from tests.fake_anthropic import FakeAnthropic, stall, text
 ANSWER_S = 0.3  # the model's time per answer
 FLOOD = 100  # user A's turns, sent at once
 PER_USER = 4  # turns of one user running at once (the deployment's default)
-# Machine noise on 2 loaded cores: an allowance on top of 2x the unloaded start, far below
-# what a FIFO queue costs (FLOOD * ANSWER_S / 8 threads = 3.75 s here).
-NOISE_S = 0.25
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +118,7 @@ def test_a_flood_from_one_user_does_not_delay_another(
     fake.script([[stall(ANSWER_S), text("done")] for _ in range(FLOOD + 20)])
     noisy, quiet = _user(stack_sessions), _user(stack_sessions)
 
-    async def scenario() -> tuple[list[float], float, list[str]]:
+    async def scenario() -> tuple[list[float], float, str, list[str]]:
         async with httpx.AsyncClient(base_url=fair_stack.gateway_url, timeout=60.0) as client:
             await _send(client, quiet, "warm-up")  # the first turn also starts the SDK's client
             unloaded = []
@@ -133,16 +131,26 @@ def test_a_flood_from_one_user_does_not_delay_another(
             await asyncio.sleep(1.0)  # "a second later": the scenario's own timing
             loaded_turn = await _send(client, quiet, "quiet under load")
             loaded = await asyncio.to_thread(_start_s, stack_sessions, loaded_turn)
-            return unloaded, loaded, list(flood)
+            return unloaded, loaded, loaded_turn, list(flood)
 
-    unloaded, loaded, flood = asyncio.run(scenario())
+    unloaded, loaded, loaded_turn, flood = asyncio.run(scenario())
     baseline = statistics.median(unloaded)
-    waiting = [t for t in _turns(stack_sessions, flood) if t.admitted_at is None]
-    print(f"B starts in {baseline * 1000:.0f} ms alone, {loaded * 1000:.0f} ms under A's flood")
-    assert loaded <= 2 * baseline + NOISE_S, (
-        f"B's turn started {loaded:.3f} s after it was stored, against {baseline:.3f} s alone"
+    [b_turn] = _turns(stack_sessions, [loaded_turn])
+    assert b_turn.started_at is not None  # _start_s waited for it
+    b_stored, b_started = as_utc(b_turn.created_at), as_utc(b_turn.started_at)
+    a_turns = _turns(stack_sessions, flood)
+    ahead = [t for t in a_turns if t.started_at is None or as_utc(t.started_at) > b_stored]
+    overtook = [t for t in ahead if t.started_at and as_utc(t.started_at) < b_started]
+    print(
+        f"B starts in {baseline * 1000:.0f} ms alone, {loaded * 1000:.0f} ms under A's flood;"
+        f" {len(overtook)} of the {len(ahead)} turns A had waiting started before it"
     )
-    assert waiting, "A's flood should still be waiting for slots when B's turn starts"
+    assert len(ahead) >= 4 * PER_USER, (
+        f"only {len(ahead)} of A's turns were waiting when B's was stored: no test of order"
+    )
+    assert len(overtook) < len(ahead) // 2, (
+        f"{len(overtook)} of the {len(ahead)} turns A had waiting started before B's"
+    )
 
     def all_done() -> bool:
         return all(t.status == TurnState.COMPLETED for t in _turns(stack_sessions, flood))
