@@ -5,9 +5,11 @@ finds the lease held and returns at once. If the runner dies the lease expires a
 ``lease_s`` and the next delivery resumes the turn. A runner whose lease was taken over
 (it stalled longer than ``lease_s``) notices through ``lost`` and stops writing.
 
-The lease is short (seconds: how soon a dead runner's turn resumes) and renewed often by
-its own thread (``renew_s``), which waits on Redis, not on the CPU, so a busy runner keeps
-it. A renewal that comes late is logged with its gap: the margin an operator watches.
+The lease is short (seconds: how soon a dead runner's turn resumes) and renewed often
+(``renew_s``) by the process's timer thread (``timers.py``, one for every lease of the
+process, so a turn starts no thread of its own), which waits on Redis, not on the CPU, so a
+busy runner keeps it. A renewal that comes late is logged with its gap: the margin an
+operator watches.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import uuid
 from types import TracebackType
 
 import redis
+
+from signalbox.services.orchestrator.timers import TIMERS, Timer, Timers
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +78,13 @@ class TurnLease:
     """``SET key token NX PX`` plus a heartbeat; use ``acquire()`` then ``with lease:``."""
 
     def __init__(
-        self, client: redis.Redis, key: str, lease_s: float, renew_s: float | None = None
+        self,
+        client: redis.Redis,
+        key: str,
+        lease_s: float,
+        renew_s: float | None = None,
+        *,
+        timers: Timers = TIMERS,
     ) -> None:
         self.client = client
         self.key = key
@@ -85,8 +95,9 @@ class TurnLease:
         self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
         self.lost = threading.Event()
         self._renewed_at = time.monotonic()  # of the last acquire or refresh Redis confirmed
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._last_beat = self._renewed_at
+        self._timers = timers
+        self._heartbeat: Timer | None = None
         self.count_key: str | None = None  # a run count to forget with the lease
 
     def acquire(self) -> bool:
@@ -155,28 +166,29 @@ class TurnLease:
         except redis.RedisError:
             log.warning("could not release lease %s; it will expire", self.key, exc_info=True)
 
-    def _beat(self) -> None:
-        last = self._renewed_at
-        while not self._stop.wait(self.renew_s):
-            if not self.refresh():
+    def _beat(self) -> bool:
+        """One heartbeat, on the timer thread: False once the lease is gone (no more)."""
+        if not self.refresh():
+            if self._heartbeat is not None and not self._heartbeat.cancelled:
                 log.error("lease %s was taken over; this runner stops", self.key)
-                return
-            if self._renewed_at == last:
-                continue  # Redis did not answer: no renewal to time
-            gap, last = self._renewed_at - last, self._renewed_at
-            self.longest_gap_s = max(self.longest_gap_s, gap)
-            if gap > 2 * self.renew_s:
-                log.warning(
-                    "lease %s renewed %.2f s after the last renewal (every %g s, valid %g s)",
-                    self.key,
-                    gap,
-                    self.renew_s,
-                    self.lease_ms / 1000,
-                )
+            return False
+        if self._renewed_at == self._last_beat:
+            return True  # Redis did not answer: no renewal to time
+        gap, self._last_beat = self._renewed_at - self._last_beat, self._renewed_at
+        self.longest_gap_s = max(self.longest_gap_s, gap)
+        if gap > 2 * self.renew_s:
+            log.warning(
+                "lease %s renewed %.2f s after the last renewal (every %g s, valid %g s)",
+                self.key,
+                gap,
+                self.renew_s,
+                self.lease_ms / 1000,
+            )
+        return True
 
     def __enter__(self) -> TurnLease:
-        self._thread = threading.Thread(target=self._beat, name=f"lease {self.key}", daemon=True)
-        self._thread.start()
+        self._last_beat = self._renewed_at
+        self._heartbeat = self._timers.call_every(self.renew_s, self._beat)
         return self
 
     def __exit__(
@@ -185,7 +197,6 @@ class TurnLease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()  # a renewal under way may still finish: harmless
         self.release()

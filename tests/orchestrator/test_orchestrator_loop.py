@@ -393,3 +393,26 @@ def test_the_loop_on_the_real_sdk_sends_valid_transcripts(
     assert usage["output_tokens"] == 14 + 1
     for field in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"):
         assert usage[field] == sum(u[field] for u in every)
+
+
+def test_a_turn_starts_no_thread_of_its_own(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its lease's heartbeat, its deadline and its cancel watch run on the process's shared
+    threads (``timers.py``, ``cancel_watch.py``): starting a thread per turn cost every
+    turn's first event a wait for the new thread to get the GIL."""
+    h = harness
+    h.model.steps = [say("Warmed up."), say("Hello.")]
+    assert h.run(h.turn("warm up")) == "completed"  # the shared threads start here, once
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def counting_start(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", counting_start)
+    turn_id = h.turn("hello")
+    assert h.run(turn_id) == "completed"
+    assert _turn(h, turn_id).deadline_at is not None, "the turn armed its deadline"
+    assert started == []
