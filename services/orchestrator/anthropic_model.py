@@ -5,9 +5,15 @@ by the SDK itself (``max_retries``, honouring ``retry-after``). A stream that br
 started (an SSE ``error`` event such as ``overloaded_error``, a dropped connection) is retried
 here, as a whole step, up to ``STEP_RETRIES`` times; the loop is told with ``StepRetry``.
 
-The raw event stream is read through the SDK's own ``MessageStream``, which accumulates the
-message: a finished ``thinking`` block (text and signature) or ``redacted_thinking`` block is
-taken from it as the SDK assembled it, so it goes back to the API byte for byte.
+The events are the SDK's own typed stream (``messages.create(stream=True)``), read as they
+come: text and thinking deltas are passed on, a ``tool_use`` block's JSON is joined and
+parsed once at its ``content_block_stop``, and a ``thinking`` block is assembled the way the
+SDK's ``MessageStream`` assembles it (its deltas' text joined, its ``signature_delta`` kept
+as sent; a ``redacted_thinking`` block as it started), so it goes back to the API byte for
+byte. ``MessageStream`` itself is not used: on every event it rebuilds a snapshot of the
+whole message, re-parsing a tool call's partial JSON from its start at each delta, which
+cost more CPU than the rest of the step (a step of four tool calls: about 15 ms of CPU
+with it, 10 ms without, measured on the fake Messages API).
 """
 
 from __future__ import annotations
@@ -21,8 +27,6 @@ from typing import Any, cast
 
 import anthropic
 import httpx2
-from anthropic import NOT_GIVEN
-from anthropic.lib.streaming import MessageStream
 
 from signalbox.services.orchestrator import prompt_cache
 from signalbox.services.orchestrator.model import (
@@ -66,7 +70,20 @@ class _Block:
     kind: str
     tool_id: str = ""
     tool_name: str = ""
-    json_parts: list[str] = field(default_factory=list)
+    json_parts: list[str] = field(default_factory=list)  # a tool_use's input, as it streams
+    thinking_parts: list[str] = field(default_factory=list)
+    signature: str = ""
+    data: str = ""  # a redacted_thinking block's opaque payload
+
+    def thinking_block(self) -> dict[str, Any]:
+        """The finished thinking block, as the API is to be sent it back."""
+        if self.kind == "redacted_thinking":
+            return {"type": "redacted_thinking", "data": self.data}
+        return {
+            "type": "thinking",
+            "thinking": "".join(self.thinking_parts),
+            "signature": self.signature,
+        }
 
 
 class AnthropicModel:
@@ -150,7 +167,7 @@ class AnthropicModel:
                 "budget_tokens": request.thinking_budget_tokens,
             }
         try:
-            return MessageStream(self.client.messages.create(**kwargs), output_format=NOT_GIVEN)
+            return self.client.messages.create(**kwargs)
         except anthropic.APIStatusError as exc:
             why = f"model API answered {exc.status_code}: {exc.message}"
             if exc.status_code == 400 and PROMPT_TOO_LONG in str(exc.message):
@@ -187,23 +204,35 @@ class AnthropicModel:
                         block = event.content_block
                         if block.type == "tool_use":
                             blocks[event.index] = _Block("tool_use", block.id, block.name)
+                        elif block.type == "thinking":
+                            blocks[event.index] = _Block(
+                                "thinking",
+                                thinking_parts=[block.thinking] if block.thinking else [],
+                                signature=block.signature or "",
+                            )
+                        elif block.type == "redacted_thinking":
+                            blocks[event.index] = _Block("redacted_thinking", data=block.data)
                         else:
                             blocks[event.index] = _Block(block.type)
                     elif kind == "content_block_delta":
                         delta = event.delta
+                        open_block = blocks.get(event.index)
                         if delta.type == "text_delta":
                             yield TextDelta(delta.text)
                         elif delta.type == "thinking_delta":
+                            if open_block is not None:
+                                open_block.thinking_parts.append(delta.thinking)
                             yield ThinkingDelta(delta.thinking)
-                        elif delta.type == "input_json_delta" and event.index in blocks:
-                            blocks[event.index].json_parts.append(delta.partial_json)
+                        elif delta.type == "signature_delta" and open_block is not None:
+                            open_block.signature = delta.signature  # as the SDK keeps it
+                        elif delta.type == "input_json_delta" and open_block is not None:
+                            open_block.json_parts.append(delta.partial_json)
                     elif kind == "content_block_stop":
                         done = blocks.get(event.index)
                         if done is not None and done.kind == "tool_use":
                             yield ToolUse(done.tool_id, done.tool_name, _tool_input(done))
                         elif done is not None and done.kind in THINKING_BLOCKS:
-                            # As the SDK accumulated it: thinking and signature, or data.
-                            yield ThinkingBlock(event.content_block.to_dict())
+                            yield ThinkingBlock(done.thinking_block())
                     elif kind == "message_delta":
                         stop_reason = event.delta.stop_reason or stop_reason
                         if event.usage.input_tokens is not None:
@@ -225,7 +254,7 @@ class AnthropicModel:
         except httpx2.HTTPError as exc:
             if not stopped:
                 raise _BrokenStream(f"connection broke mid-stream: {exc!r}", billed()) from exc
-        except ValueError as exc:  # the SDK could not parse a tool_use's JSON input
+        except ValueError as exc:  # an event the SDK could not parse
             raise ModelError(f"the model's answer could not be read: {exc}") from exc
         if not stopped:
             raise _BrokenStream("stream ended without message_stop", billed())
