@@ -72,6 +72,7 @@ GATEWAY_FOCUS = (
     "Subscription.",
     "Gateway.db.",  # SQL work, in a worker thread
     "Gateway.enqueue_turn.",  # the Celery publish, in a worker thread
+    "_store_and_send (signalbox/services/gateway/turns.py)",  # a turn's submission, a thread
 )
 ORCHESTRATOR_FOCUS = ("run_turn (signalbox/services/orchestrator/loop.py)",)
 TOOLS_FOCUS = ("run_tool (signalbox/services/tools/tasks.py)",)
