@@ -12,7 +12,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Table, bindparam, func, insert, or_, select, update
+from sqlalchemy import (
+    CursorResult,
+    Table,
+    bindparam,
+    case,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from signalbox.services.orchestrator.model import ToolUse
@@ -629,7 +640,6 @@ def decision_wait_ms(sessions: Sessions, call: ToolCall) -> int:
         return _waited_ms(s, call.message_id, call.decision or "?", None, None, end)
 
 
-_STARTED_AT = select(_calls.c.started_at).where(_calls.c.id == bindparam("call_id"))
 # The conditional end of a call (a call already ended is skipped); built once.
 _RECORD = (
     update(_calls)
@@ -658,42 +668,101 @@ def record_results(
 ) -> list[EndedCall]:
     """Several calls' results in ONE transaction; returns the calls they ended, in order.
 
-    Each row is one conditional Core ``UPDATE ... RETURNING`` (a call already ended is
-    skipped): no ORM read, refresh or unit of work, and one commit for every result a
-    single read of the results stream brought. This is the loop's hottest write.
-    ``then``: more writes of the same transaction, given the calls that ended (the
-    webhook deliveries of their events: ``TurnRunner.record_many``).
+    All of them in one conditional Core ``UPDATE ... RETURNING`` (a call already ended is
+    skipped; a call named twice keeps its first result): no ORM read, refresh or unit of
+    work, one statement and one commit for every result a single read of the results
+    stream brought. This is the loop's hottest write. ``then``: more writes of the same
+    transaction, given the calls that ended (the webhook deliveries of their events:
+    ``TurnRunner.record_many``).
     """
     now = utcnow()
+    first: dict[str, ResultRow] = {}
+    for row in rows:
+        first.setdefault(row.call_id, row)
     ended: list[EndedCall] = []
     with sessions() as s, s.begin():
-        for row in rows:
-            duration_ms = row.duration_ms
-            if duration_ms is None:
-                started = s.scalar(_STARTED_AT, {"call_id": row.call_id})
-                duration_ms = _elapsed_ms(started, now)
-            done = s.execute(
-                _RECORD,
-                {
-                    "call_id": row.call_id,
-                    "new_status": row.status,
-                    "new_output": row.output,
-                    "new_error": row.error,
-                    "new_duration_ms": duration_ms,
-                    "now": now,
-                },
-            ).one_or_none()
-            if done is not None:
-                tool, message_id, decision, started_at, expires_at = done
-                waited = _waited_ms(s, message_id, decision, started_at, expires_at, now)
-                ended.append(
-                    EndedCall(
-                        row.call_id, tool, row.status, row.output, row.error, duration_ms, waited
-                    )
+        durations = _durations(s, list(first.values()), now)
+        done = _end_calls(s, list(first.values()), durations, now)
+        for row in first.values():
+            found = done.get(row.call_id)
+            if found is None:
+                continue
+            tool, message_id, decision, started_at, expires_at = found
+            waited = _waited_ms(s, message_id, decision, started_at, expires_at, now)
+            ended.append(
+                EndedCall(
+                    row.call_id,
+                    tool,
+                    row.status,
+                    row.output,
+                    row.error,
+                    durations[row.call_id],
+                    waited,
                 )
+            )
         if then is not None and ended:
             then(s, ended)
     return ended
+
+
+def _durations(s: Session, rows: Sequence[ResultRow], now: datetime) -> dict[str, int]:
+    """Each call's duration: as reported, else measured from its ``started_at``."""
+    durations = {r.call_id: r.duration_ms for r in rows if r.duration_ms is not None}
+    unknown = [r.call_id for r in rows if r.duration_ms is None]
+    if unknown:
+        query = select(_calls.c.id, _calls.c.started_at).where(_calls.c.id.in_(unknown))
+        started: dict[str, datetime | None] = {cid: at for cid, at in s.execute(query)}
+        durations.update({cid: _elapsed_ms(started.get(cid), now) for cid in unknown})
+    return durations
+
+
+_Ended = tuple[str, str, str | None, datetime | None, datetime | None]
+
+
+def _end_calls(
+    s: Session, rows: Sequence[ResultRow], durations: dict[str, int], now: datetime
+) -> dict[str, _Ended]:
+    """End every still-open call of ``rows`` in one statement; what each ended call's row
+    holds (tool, message, decision, started, expires), by call id."""
+    if len(rows) == 1:  # the prebuilt statement
+        row = rows[0]
+        found = s.execute(
+            _RECORD,
+            {
+                "call_id": row.call_id,
+                "new_status": row.status,
+                "new_output": row.output,
+                "new_error": row.error,
+                "new_duration_ms": durations[row.call_id],
+                "now": now,
+            },
+        ).one_or_none()
+        return {} if found is None else {row.call_id: cast(_Ended, tuple(found))}
+    by_id = _calls.c.id
+
+    def each(column: Any, values: dict[str, Any]) -> Any:
+        return case({cid: literal(v, column.type) for cid, v in values.items()}, value=by_id)
+
+    statement = (
+        update(_calls)
+        .where(by_id.in_([r.call_id for r in rows]), _calls.c.status.in_(OPEN_CALL_STATUSES))
+        .values(
+            status=each(_calls.c.status, {r.call_id: r.status for r in rows}),
+            output=each(_calls.c.output, {r.call_id: r.output for r in rows}),
+            error=each(_calls.c.error, {r.call_id: r.error for r in rows}),
+            duration_ms=each(_calls.c.duration_ms, durations),
+            finished_at=now,
+        )
+        .returning(
+            by_id,
+            _calls.c.tool,
+            _calls.c.message_id,
+            _calls.c.decision,
+            _calls.c.started_at,
+            _calls.c.expires_at,
+        )
+    )
+    return {cid: cast(_Ended, tuple(rest)) for cid, *rest in s.execute(statement)}
 
 
 _OPEN_CALLS = (

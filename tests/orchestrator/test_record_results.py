@@ -1,0 +1,79 @@
+"""``store.record_results``: a read's results end their calls in one statement, each call
+once, the first result of a call standing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+from sqlalchemy import event, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from signalbox.services.orchestrator import store
+from signalbox.services.orchestrator.model import ToolUse
+from signalbox.shared.db.models import ToolCall
+from tests.orchestrator.support import make_conversation, make_turn
+
+
+def _calls(sessions: sessionmaker[Session], user_id: str, n: int) -> list[ToolCall]:
+    conversation_id = make_conversation(sessions, user_id)
+    info = store.load_turn(sessions, make_turn(sessions, conversation_id, user_id, "go", seq=1))
+    assert info is not None
+    store.open_turn(sessions, info, "test-model")
+    planned = [
+        store.PlannedCall(ToolUse(f"toolu_{info.turn_id}_{i}", "read_file", {}), 5.0, "pending")
+        for i in range(n)
+    ]
+    _message, calls = store.store_step(sessions, info, "calling", planned, 3, 2)
+    return calls
+
+
+def test_one_statement_ends_every_open_call_of_a_read_each_once(
+    db_sessions: sessionmaker[Session], make_user: Callable[[], tuple[str, str]]
+) -> None:
+    user_id, _ = make_user()
+    a, b, c, done = _calls(db_sessions, user_id, 4)
+    started = store.utcnow() - timedelta(seconds=2)
+    with db_sessions() as s, s.begin():
+        s.execute(update(ToolCall).where(ToolCall.id == c.id).values(started_at=started))
+    store.record_results(db_sessions, [store.ResultRow(done.id, "ok", "earlier", None, 5)])
+
+    engine = db_sessions.kw["bind"]
+    statements: list[str] = []
+
+    def count(*args: object) -> None:
+        statements.append(str(args[2]).split()[0].upper())
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        ended = store.record_results(
+            db_sessions,
+            [
+                store.ResultRow(a.id, "ok", "a's output", None, 10),
+                store.ResultRow(b.id, "error", "", "it broke", 20),
+                store.ResultRow(a.id, "error", "", "a second result for a", 30),
+                store.ResultRow(c.id, "timeout", "", "too slow", None),  # measured
+                store.ResultRow(done.id, "error", "", "ended already", 40),
+            ],
+        )
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+
+    assert [(e.id, e.status, e.output, e.error) for e in ended] == [
+        (a.id, "ok", "a's output", None),
+        (b.id, "error", "", "it broke"),
+        (c.id, "timeout", "", "too slow"),
+    ]
+    assert [e.duration_ms for e in ended[:2]] == [10, 20]
+    assert ended[2].duration_ms is not None and ended[2].duration_ms >= 2000
+    assert all(e.tool == "read_file" for e in ended)
+    assert statements.count("UPDATE") == 1, statements
+    with db_sessions() as s:
+        rows = {
+            call.id: (call.status, call.output, call.error, call.duration_ms)
+            for call in s.query(ToolCall).where(ToolCall.id.in_([a.id, b.id, c.id, done.id]))
+        }
+    assert rows[a.id] == ("ok", "a's output", None, 10)
+    assert rows[b.id] == ("error", "", "it broke", 20)
+    assert rows[c.id][:3] == ("timeout", "", "too slow")
+    assert rows[done.id] == ("ok", "earlier", None, 5), "an ended call keeps its result"
