@@ -15,7 +15,12 @@ def test_one_shots_run_once_in_time_order_whatever_order_they_came_in() -> None:
     ran: list[str] = []
     done = threading.Event()
     now = time.monotonic()
-    timers.call_at(now + 0.15, lambda: (ran.append("late"), done.set()))
+
+    def late() -> None:
+        ran.append("late")
+        done.set()
+
+    timers.call_at(now + 0.15, late)
     timers.call_at(now + 0.05, lambda: ran.append("early"))
     timers.call_at(now + 0.10, lambda: ran.append("middle"))
     assert done.wait(5)
