@@ -64,7 +64,17 @@ def orphaned_turns(
                 )
             )
         )
-    return [turn_id for turn_id, _conv in _ours_unleased(client, keys, list(running), adopt)]
+    unleased = [turn_id for turn_id, _conv in _ours_unleased(client, keys, list(running), adopt)]
+    if not unleased:
+        return []
+    # Read again: a turn that finished or parked between the read above and the lease check
+    # gave its lease up in between (a busy deployment saw a few such false orphans a minute,
+    # each an extra delivery). Only a turn still running has lost its runner.
+    with sessions() as s:
+        still = set(
+            s.scalars(select(Turn.id).where(Turn.id.in_(unleased), Turn.status == "running"))
+        )
+    return [turn_id for turn_id in unleased if turn_id in still]
 
 
 def _ours_unleased(

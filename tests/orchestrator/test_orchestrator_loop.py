@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from signalbox.services.orchestrator import loop
+from signalbox.services.orchestrator import loop, recovery
 from signalbox.services.orchestrator.anthropic_model import AnthropicModel
 from signalbox.services.orchestrator.cancel_watch import CancelWatch
 from signalbox.services.orchestrator.lease import TurnLease
@@ -348,6 +348,33 @@ def test_the_reconciler_enqueues_running_turns_whose_lease_is_gone(harness: Harn
     with h.sessions() as s, s.begin():  # other tests share the database: leave no orphans
         for turn_id in (orphan, alive):
             s.get(Turn, turn_id).status = "failed"  # type: ignore[union-attr]
+
+
+def test_a_turn_that_ends_during_the_sweep_is_not_taken_for_an_orphan(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep reads the running turns, then their leases: a turn that finished in between
+    released its lease in between, and was enqueued again (seen under load)."""
+    h = harness
+    turn_id = h.turn("a")
+    with h.sessions() as s, s.begin():
+        s.get(Turn, turn_id).status = "running"  # type: ignore[union-attr]
+    h.runtime.events.append(h.conversation_id, "turn_queued", {"text": "a"}, turn_id)
+    check_leases = recovery._ours_unleased
+
+    def finished_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        with h.sessions() as s, s.begin():  # its runner ends it and lets the lease go
+            s.get(Turn, turn_id).status = "completed"  # type: ignore[union-attr]
+        return check_leases(*args, **kwargs)
+
+    monkeypatch.setattr(recovery, "_ours_unleased", finished_meanwhile)
+    enqueued: list[str] = []
+
+    assert (
+        Reconciler(h.sessions, h.runtime.redis, h.runtime.keys, enqueued.append, 60).sweep_orphans()
+        == []
+    )
+    assert enqueued == []
 
 
 def test_the_loop_on_the_real_sdk_sends_valid_transcripts(
