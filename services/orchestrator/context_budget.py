@@ -15,7 +15,6 @@ The stored transcript is never changed; this shapes one request.
 from __future__ import annotations
 
 import base64
-import copy
 import functools
 import json
 import re
@@ -106,6 +105,20 @@ def _results(messages: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
                 yield block
 
 
+def _is_result(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") == "tool_result"
+
+
+def _results_owned(message: dict[str, Any]) -> dict[str, Any]:
+    """``message``, or a copy of it whose ``tool_result`` blocks are copies, to change."""
+    content = message.get("content")
+    if message.get("role") != "user" or not isinstance(content, list):
+        return message
+    if not any(_is_result(block) for block in content):
+        return message
+    return {**message, "content": [dict(b) if _is_result(b) else b for b in content]}
+
+
 def blocks(messages: list[dict[str, Any]]) -> Iterator[Any]:
     """Every content block, oldest first (a string content is one block)."""
     for message in messages:
@@ -125,12 +138,16 @@ def fit(
 ) -> list[dict[str, Any]]:
     """A copy of ``messages`` with tool outputs capped, then shortened oldest first to fit.
 
+    Copied where it may change (each message holding a ``tool_result``, its content list
+    and those blocks, shallowly); everything else is shared with ``messages``, which is
+    left as it was. A deep copy of the whole transcript each step cost more than the rest.
+
     ``overhead_tokens``: what the request spends besides the messages (system, tools).
     ``count``: the tokens of one content block; None estimates.
     If shortening every output is not enough, what is left is sent as it is: the API
     answers with a clear error rather than the loop dropping the user's own words.
     """
-    out = copy.deepcopy(list(messages))
+    out = [_results_owned(message) for message in messages]
     for block in _results(out):
         text = block["content"]
         if len(text) > max_output_chars:
