@@ -14,6 +14,8 @@ from tests.gateway.conftest import LiveGateway, connect, recv, request
 
 pytestmark = pytest.mark.anyio
 
+WAIT_S = 30.0  # a deadline to wait for a frame, generous for a loaded machine
+
 
 async def test_ping_gets_pong_echoing_req(
     gateway: LiveGateway, make_user: Callable[[], tuple[str, str]]
@@ -128,13 +130,15 @@ async def test_a_socket_whose_client_sends_nothing_is_closed_1001(
     start_gateway: Callable[..., LiveGateway], make_user: Callable[[], tuple[str, str]]
 ) -> None:
     """Server heartbeats flow all along, yet only the client's own frames keep it open."""
-    gateway = start_gateway(heartbeat_s=0.1, ws_idle_timeout_s=0.6)
+    # About 15 heartbeats are due before the idle timeout: two still come through a stall of
+    # 2.5 s on a loaded machine.
+    gateway = start_gateway(heartbeat_s=0.2, ws_idle_timeout_s=3.0)
     _, token = make_user()
     async with await connect(gateway, token) as ws:
         heartbeats = 0
         with pytest.raises(websockets.ConnectionClosed) as closed:
             while True:
-                frame = json.loads(await asyncio.wait_for(ws.recv(), 5.0))
+                frame = json.loads(await asyncio.wait_for(ws.recv(), WAIT_S))
                 assert frame["type"] == "heartbeat"
                 heartbeats += 1
         assert heartbeats >= 2
@@ -145,11 +149,13 @@ async def test_a_socket_whose_client_sends_nothing_is_closed_1001(
 async def test_a_client_that_keeps_talking_is_not_idle(
     start_gateway: Callable[..., LiveGateway], make_user: Callable[[], tuple[str, str]]
 ) -> None:
-    gateway = start_gateway(ws_idle_timeout_s=0.5)
+    # Pings every 0.2 s against a 3 s idle timeout: a stall of 2.5 s between two of them on
+    # a loaded machine still leaves the socket open.
+    gateway = start_gateway(ws_idle_timeout_s=3.0)
     _, token = make_user()
     async with await connect(gateway, token) as ws:
         started = time.monotonic()
-        while time.monotonic() - started < 1.5:  # three idle timeouts' worth of time
+        while time.monotonic() - started < 6.0:  # two idle timeouts' worth of time
             assert (await request(ws, {"type": "ping"}))["type"] == "pong"
             await asyncio.sleep(0.2)  # the client's own pace, well inside the timeout
         assert (await request(ws, {"type": "ping"}))["type"] == "pong"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from dataclasses import replace
 from importlib.metadata import EntryPoint
 from pathlib import Path
@@ -32,6 +31,8 @@ from tests.fake_anthropic import FakeAnthropic, text
 from .support import Harness, ok, say, spec, use
 
 released = threading.Event()  # lets a hung hook's thread end when the test is over
+hang_ended = threading.Event()  # a hung hook's wait is over (released, or it gave up)
+HANG_S = 300.0  # how long a hung hook waits to be released: far longer than any test
 
 
 class DenyDeletes(Hook):
@@ -59,7 +60,8 @@ class Hangs(Hook):
     on_error: ClassVar[OnError] = "fail_closed"
 
     def before_tool(self, ctx: TurnContext, tool: str, input: dict[str, Any]) -> None:
-        released.wait(30)
+        released.wait(HANG_S)
+        hang_ended.set()
 
 
 class RewritesPath(Hook):
@@ -101,6 +103,7 @@ class Seen(Hook):
 @pytest.fixture(autouse=True)
 def _release_hung_hooks() -> Any:
     released.clear()
+    hang_ended.clear()
     yield
     released.set()
 
@@ -161,14 +164,14 @@ def test_a_hung_hook_is_cut_at_its_time_limit_and_fails_closed(harness: Harness)
     h.runtime.hooks = Hooks([Hangs()])
     h.model.steps = [say("Reading.", use("read_file", path="b.txt")), say("Done.")]
 
-    started = time.monotonic()
     assert h.run(h.turn("read")) == "completed"
-    elapsed = time.monotonic() - started
 
     [finished] = h.data("tool_call_finished")
     assert finished["status"] == "denied"
     assert "did not return within 0.3 s" in finished["error"]
-    assert elapsed < 5, f"the turn waited {elapsed:.1f} s on a hook limited to 0.3 s"
+    # The turn did not wait for the hook: it is over while the hook still hangs (nothing
+    # releases it before the test ends), whatever time a loaded machine took.
+    assert not hang_ended.is_set(), "the turn waited for a hook limited to 0.3 s"
     assert h.dispatcher.sent == []
 
 

@@ -26,7 +26,9 @@ def test_an_idempotent_call_whose_worker_vanished_is_sent_again(harness: Harness
             return None  # the first worker dies without a word
         return ToolResult(call_id=req.call_id, status="ok", output="second time", duration_ms=1)
 
-    h.catalogue(spec("lookup", timeout_s=0.3, idempotent=True), spec("fast"))
+    # The first attempt is lost at its deadline (3 s + 0.2 s grace), the one sent again has
+    # as long to answer: seconds to spare for a result published at once, however loaded.
+    h.catalogue(spec("lookup", timeout_s=3.0, idempotent=True), spec("fast"))
     h.dispatcher.tools.update({"lookup": flaky, "fast": ok()})
     h.model.steps = [say("Look.", use("lookup"), use("fast")), say("Done.")]
     turn_id = h.turn("go")

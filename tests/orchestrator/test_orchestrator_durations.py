@@ -2,7 +2,8 @@
 ``waited_ms`` (beside it, never added in) how long it waited for a human's decision first.
 
 The wait is made long by back-dating the step in SQL, not by sleeping: the figures are then
-exact to the millisecond the test chose.
+what the test chose, plus the test's own running time (``SLACK_S`` allows a loaded machine
+plenty of that, and is still far less than the wait it chose).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from signalbox.shared.tool_contract import ToolCallRequest, ToolResult
 
 from .support import Harness, say, spec, use
 
-WAITED_S = 1.5  # how long ago the test says the call began to wait for its decision
+WAITED_S = 120.0  # how long ago the test says the call began to wait for its decision
+SLACK_S = 60.0  # the test's own time on top of that, however loaded the machine
 RAN_MS = 250  # what the tool worker reports as the call's running time
 
 
@@ -59,7 +61,7 @@ def test_an_allowed_call_reports_its_wait_and_its_running_time_apart(harness: Ha
     finished = {d["tool"]: ToolCallFinished.model_validate(d) for d in h.data("tool_call_finished")}
     confirmed, auto = finished["run_python"], finished["list_dir"]
     assert confirmed.duration_ms == RAN_MS
-    assert WAITED_S * 1000 <= confirmed.waited_ms < (WAITED_S + 5) * 1000
+    assert WAITED_S * 1000 <= confirmed.waited_ms < (WAITED_S + SLACK_S) * 1000
     assert (auto.duration_ms, auto.waited_ms) == (RAN_MS, 0)
 
 
@@ -77,7 +79,7 @@ def test_a_denied_call_never_ran_and_says_how_long_it_waited(harness: Harness) -
 
     [finished] = h.data("tool_call_finished")
     assert (finished["status"], finished["duration_ms"]) == ("denied", 0)
-    assert WAITED_S * 1000 <= finished["waited_ms"] < (WAITED_S + 5) * 1000
+    assert WAITED_S * 1000 <= finished["waited_ms"] < (WAITED_S + SLACK_S) * 1000
 
 
 def test_a_call_cancelled_while_it_waits_for_a_decision_reports_the_wait(
@@ -97,4 +99,4 @@ def test_a_call_cancelled_while_it_waits_for_a_decision_reports_the_wait(
 
     [finished] = h.data("tool_call_finished")
     assert (finished["status"], finished["duration_ms"]) == ("cancelled", 0)
-    assert WAITED_S * 1000 <= finished["waited_ms"] < (WAITED_S + 5) * 1000
+    assert WAITED_S * 1000 <= finished["waited_ms"] < (WAITED_S + SLACK_S) * 1000

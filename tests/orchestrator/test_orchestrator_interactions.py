@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from signalbox.services.orchestrator import store
 from signalbox.services.orchestrator.policy import ToolPolicy, ToolRule
@@ -22,9 +23,7 @@ from tests.fake_anthropic import transcript_problems
 from tests.gateway.conftest import LiveGateway
 from tests.wsclient import WsClient
 
-from .support import Harness, ok, say, spec, use, wait_for
-
-SHORT_S = 0.3  # a decision or client tool that expires within a test
+from .support import Harness, ok, say, spec, use
 
 
 def _status(h: Harness, turn_id: str) -> str:
@@ -43,6 +42,18 @@ def _last_results(h: Harness) -> list[dict[str, Any]]:
 
 def _reconciler(h: Harness) -> Reconciler:
     return Reconciler(h.sessions, h.runtime.redis, h.runtime.keys, lambda _t: None, 60)
+
+
+def _time_runs_out(h: Harness, turn_id: str) -> None:
+    """The turn's waiting calls (a decision, a client tool) expired a second ago: their
+    ``expires_at`` moved into the past in SQL, not waited for, so the test never races a
+    short wait on a loaded machine."""
+    with h.sessions() as s, s.begin():
+        s.execute(
+            update(ToolCall)
+            .where(ToolCall.turn_id == turn_id, ToolCall.expires_at.is_not(None))
+            .values(expires_at=store.utcnow() - timedelta(seconds=1))
+        )
 
 
 @pytest.fixture
@@ -119,14 +130,14 @@ def test_confirm_then_deny_ends_the_call_denied_and_the_turn_goes_on(
 
 def test_confirm_with_no_decision_expires_and_the_turn_goes_on(harness: Harness) -> None:
     h = harness
-    h.runtime.settings = h.runtime.settings.model_copy(update={"decision_ttl_s": SHORT_S})
-    h.catalogue(spec("run_python", mode="confirm"))
+    h.catalogue(spec("run_python", mode="confirm"))  # decided within decision_ttl_s (600 s)
     h.model.steps = [say("Running.", use("run_python", code="1")), say("Nobody answered.")]
     turn_id = h.turn("compute")
     assert h.run(turn_id) == "parked"
     assert _reconciler(h).sweep() == [], "a parked turn still in time is left alone"
 
-    wait_for(lambda: _reconciler(h).sweep() == [turn_id], what="the reconciler to see expiry")
+    _time_runs_out(h, turn_id)
+    assert _reconciler(h).sweep() == [turn_id], "the reconciler wakes it once it expired"
     assert h.run(turn_id) == "completed"
 
     [call] = h.calls(turn_id)
@@ -288,10 +299,12 @@ def test_a_client_tool_answered_with_its_token_resumes_the_turn(
 def test_a_client_tool_never_answered_times_out_and_the_turn_goes_on(harness: Harness) -> None:
     h = harness
     h.model.steps = [say("Checking.", use("editor_selection")), say("No answer from the editor.")]
-    turn_id = h.turn("what did I select?", client_tools=[{**EDITOR_TOOL, "timeout_s": SHORT_S}])
+    turn_id = h.turn("what did I select?", client_tools=[EDITOR_TOOL])  # 30 s to answer
     assert h.run(turn_id) == "parked"
+    assert _reconciler(h).sweep() == [], "a client tool still in time is left alone"
 
-    wait_for(lambda: _reconciler(h).sweep() == [turn_id], what="the client tool to time out")
+    _time_runs_out(h, turn_id)
+    assert _reconciler(h).sweep() == [turn_id], "the reconciler wakes it once it timed out"
     assert h.run(turn_id) == "completed"
 
     [call] = h.calls(turn_id)

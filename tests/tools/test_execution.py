@@ -192,12 +192,15 @@ def test_the_catalogue_is_published_refreshed_and_withdrawn(
     redis_client: redis.Redis, keys: RedisKeys
 ) -> None:
     worker = new_id("worker")
-    refresher = CatalogueRefresher(redis_client, keys, worker, load_tools({}).specs(), 0.05)
+    # Refreshed every 2 s, valid for 3 refreshes (6 s): long enough that a loaded machine
+    # cannot let it lapse between publishing and the reads below.
+    refresh_s = 2.0
+    refresher = CatalogueRefresher(redis_client, keys, worker, load_tools({}).specs(), refresh_s)
     refresher.start()
     try:
         assert "read_file" in read_catalogue(redis_client, keys)
         ttl_ms: Any = redis_client.pttl(keys.tool_worker(worker))
-        assert 0 < ttl_ms <= 150
+        assert 0 < ttl_ms <= 3 * refresh_s * 1000  # it expires, after 3 refreshes at most
     finally:
         refresher.stop()
     assert redis_client.get(keys.tool_worker(worker)) is None

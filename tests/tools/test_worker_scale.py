@@ -23,9 +23,10 @@ from signalbox.shared.settings import ToolsSettings, load
 from signalbox.shared.tool_contract import ToolCallRequest, ToolResult, read_catalogue
 from tests.tools.test_sandbox_isolation import FORK_AND_ALLOCATE
 
-DEADLINE_S = 15.0
-REFRESH_S = 0.5  # catalogue TTL is 3 refreshes: 1.5 s
-SOFT_GRACE_S = 1.5  # a soft limit of 1 s is reported within this much more
+DEADLINE_S = 60.0  # for the results to arrive: generous for a loaded machine
+# Catalogue TTL is 3 refreshes: 6 s. Long enough that a live worker's entry outlives a stall of
+# its refresh thread on a loaded machine; short enough that a killed worker's leaves soon.
+REFRESH_S = 2.0
 HARD_LIMIT_S = 3.0  # timeout_s + 2, where the pool kills the child
 
 
@@ -126,6 +127,10 @@ def test_two_workers_limits_in_c_the_sandbox_queue_and_a_killed_worker(
 
         # Calls blocked inside C end at their limit: soft for sleep, select and recv; with every
         # signal blocked (a C extension that never returns to Python), at the hard limit.
+        # Each would block 30 s otherwise. What ended each call is told by its result, not by
+        # when it arrived (a loaded machine delays any of them): "exceeded its time limit" is
+        # said only when the soft limit's exception interrupted the call, "stopped at its hard
+        # time limit" only when the pool killed the child.
         started = time.monotonic()
         calls = [
             send("block", 1, how="sleep"),
@@ -136,12 +141,13 @@ def test_two_workers_limits_in_c_the_sandbox_queue_and_a_killed_worker(
         arrived = {r.call_id: (t - started, r) for t, r in _results(redis_client, keys, turn_id, 4)}
         assert len(arrived) == 4, a.log_tail()
         for call in calls[:3]:
-            after, result = arrived[call.call_id]
-            assert result.status == "timeout" and "time limit of 1 s" in (result.error or "")
-            assert after < 1 + SOFT_GRACE_S, (call.input, after)
+            result = arrived[call.call_id][1]
+            assert result.status == "timeout", (call.input, result)
+            assert "block exceeded its time limit of 1 s" in (result.error or ""), call.input
         after, result = arrived[calls[3].call_id]
-        assert result.status == "timeout" and "hard time limit of 3 s" in (result.error or "")
-        assert HARD_LIMIT_S - 0.5 < after < HARD_LIMIT_S + SOFT_GRACE_S
+        assert result.status == "timeout", result
+        assert "block was stopped at its hard time limit of 3 s" in (result.error or "")
+        assert after > HARD_LIMIT_S - 0.5, after  # a lower bound: the kill comes at 3 s, not 1
 
         # The sandbox queue: a fork bomb and a fork-and-allocate run (6 x 400 MiB against 512
         # MB for the whole run) fail clearly, the worker lives on, the next program runs.
@@ -163,7 +169,7 @@ def test_two_workers_limits_in_c_the_sandbox_queue_and_a_killed_worker(
         killed = time.monotonic()
         while "shout" in read_catalogue(redis_client, keys):
             # A deadline, generous for a loaded machine; it still proves the TTL ends it.
-            assert time.monotonic() - killed < 3 * REFRESH_S + 10, "shout outlived its TTL"
+            assert time.monotonic() - killed < 3 * REFRESH_S + 30, "shout outlived its TTL"
             time.sleep(0.05)  # the TTL runs out in Redis: polled with a deadline
         remaining = read_catalogue(redis_client, keys)
         assert {"run_python", "block", "read_file"} <= set(remaining)
