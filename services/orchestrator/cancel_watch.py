@@ -114,11 +114,14 @@ class CancelFeed:
                 with self._lock:
                     if self._subscribed.is_set():
                         self._subscribed = threading.Event()
+                if self._idle(0.0):
+                    # Nobody to tell (and often the client closed at shutdown): the next
+                    # turn's watch subscribes again.
+                    log.debug("control channel listener stopped (%s) with no turn watching", exc)
+                    return
                 failures += 1
                 if failures == 1:  # once per outage
                     log.warning("control channel listener failed (%s); resubscribing", exc)
-                if self._idle(0.0):
-                    return  # nobody to tell: the next turn's watch subscribes again
                 time.sleep(RETRY_S)
             finally:
                 pubsub.close()
