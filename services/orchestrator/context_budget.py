@@ -36,15 +36,31 @@ def estimate_tokens(value: Any) -> int:
     block by ``attachment_tokens``)."""
     if isinstance(value, str):
         return (len(value) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+    if attachment_tokens(value) is None and isinstance(value, list | dict):
+        # An attachment block is a dict whose "type" is "image" or "document", so its JSON
+        # holds one of the markers; without them (most transcripts) no walk is needed.
+        text = json.dumps(value, ensure_ascii=False, default=str)
+        if not any(marker in text for marker in _ATTACHMENT_MARKERS):
+            return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+    return _estimate_walk(value)
+
+
+def _estimate_walk(value: Any) -> int:
+    """``estimate_tokens`` through the structure, each attachment block at its own cost."""
+    if isinstance(value, str):
+        return (len(value) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
     fixed = attachment_tokens(value)
     if fixed is not None:
         return fixed
     if isinstance(value, list | dict) and _holds_attachment(value):
         items = value.values() if isinstance(value, dict) else value
-        keys = estimate_tokens(list(value)) if isinstance(value, dict) else 0
-        return keys + sum(estimate_tokens(item) for item in items)
+        keys = _estimate_walk(list(value)) if isinstance(value, dict) else 0
+        return keys + sum(_estimate_walk(item) for item in items)
     text = json.dumps(value, ensure_ascii=False, default=str)
     return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+
+
+_ATTACHMENT_MARKERS = ('"type": "image"', '"type": "document"')
 
 
 def attachment_tokens(block: Any) -> int | None:

@@ -7,6 +7,7 @@ status IN open``) so that a call ends exactly once, even if two runners ever ove
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -15,11 +16,11 @@ from typing import Any, cast
 from sqlalchemy import (
     CursorResult,
     Table,
+    Update,
     bindparam,
     case,
     func,
     insert,
-    literal,
     or_,
     select,
     update,
@@ -722,8 +723,8 @@ _Ended = tuple[str, str, str | None, datetime | None, datetime | None]
 def _end_calls(
     s: Session, rows: Sequence[ResultRow], durations: dict[str, int], now: datetime
 ) -> dict[str, _Ended]:
-    """End every still-open call of ``rows`` in one statement; what each ended call's row
-    holds (tool, message, decision, started, expires), by call id."""
+    """End every still-open call of ``rows`` in one statement (one per ``_END_BATCH``);
+    what each ended call's row holds (tool, message, decision, started, expires), by id."""
     if len(rows) == 1:  # the prebuilt statement
         row = rows[0]
         found = s.execute(
@@ -738,20 +739,52 @@ def _end_calls(
             },
         ).one_or_none()
         return {} if found is None else {row.call_id: cast(_Ended, tuple(found))}
+    done: dict[str, _Ended] = {}
+    for start in range(0, len(rows), _END_BATCH):
+        batch = rows[start : start + _END_BATCH]
+        params: dict[str, Any] = {"now": now}
+        for k, row in enumerate(batch):
+            params[f"c{k}"] = row.call_id
+            params[f"s{k}"] = row.status
+            params[f"o{k}"] = row.output
+            params[f"e{k}"] = row.error
+            params[f"d{k}"] = durations[row.call_id]
+        ended = s.execute(_end_statement(len(batch)), params)
+        done.update({cid: cast(_Ended, tuple(rest)) for cid, *rest in ended})
+    return done
+
+
+_END_BATCH = 16  # results ended by one statement; more go in several
+
+
+@functools.cache
+def _end_statement(size: int) -> Update:
+    """The conditional end of ``size`` calls in one ``UPDATE ... RETURNING``, each column a
+    ``CASE`` on the call id; built once per size, all values bound (``c0``: the first
+    call's id, ``s0`` its status, ``o0`` output, ``e0`` error, ``d0`` duration), so the
+    engine compiles it once and reuses it (literal values made a new statement to compile
+    for every read of the results stream)."""
     by_id = _calls.c.id
 
-    def each(column: Any, values: dict[str, Any]) -> Any:
-        return case({cid: literal(v, column.type) for cid, v in values.items()}, value=by_id)
+    def each(column: Any, prefix: str) -> Any:
+        whens = [
+            (by_id == bindparam(f"c{k}"), bindparam(f"{prefix}{k}", type_=column.type))
+            for k in range(size)
+        ]
+        return case(*whens, else_=column)
 
-    statement = (
+    return (
         update(_calls)
-        .where(by_id.in_([r.call_id for r in rows]), _calls.c.status.in_(OPEN_CALL_STATUSES))
+        .where(
+            by_id.in_([bindparam(f"c{k}") for k in range(size)]),
+            _calls.c.status.in_(OPEN_CALL_STATUSES),
+        )
         .values(
-            status=each(_calls.c.status, {r.call_id: r.status for r in rows}),
-            output=each(_calls.c.output, {r.call_id: r.output for r in rows}),
-            error=each(_calls.c.error, {r.call_id: r.error for r in rows}),
-            duration_ms=each(_calls.c.duration_ms, durations),
-            finished_at=now,
+            status=each(_calls.c.status, "s"),
+            output=each(_calls.c.output, "o"),
+            error=each(_calls.c.error, "e"),
+            duration_ms=each(_calls.c.duration_ms, "d"),
+            finished_at=bindparam("now"),
         )
         .returning(
             by_id,
@@ -762,7 +795,6 @@ def _end_calls(
             _calls.c.expires_at,
         )
     )
-    return {cid: cast(_Ended, tuple(rest)) for cid, *rest in s.execute(statement)}
 
 
 _OPEN_CALLS = (

@@ -9,10 +9,17 @@ import base64
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from signalbox.services.gateway.uploads import read_upload, store_upload
 from signalbox.services.orchestrator.anthropic_model import AnthropicModel
-from signalbox.services.orchestrator.context_budget import IMAGE_TOKENS, estimate_tokens, fit
+from signalbox.services.orchestrator.context_budget import (
+    IMAGE_TOKENS,
+    _estimate_walk,
+    estimate_tokens,
+    fit,
+)
 from signalbox.services.orchestrator.token_count import EstimateCounter
 from signalbox.services.orchestrator.transcript import attachment_block
 from signalbox.shared.db import Turn
@@ -123,6 +130,35 @@ def test_an_image_counts_as_an_image_not_as_its_base64_length() -> None:
     # Within the budget as an image: the tool output is not shortened to make room.
     assert fitted[2]["content"][0]["content"] == output
     assert counted[2]["content"][0]["content"] == output
+
+
+_LEAF = st.one_of(
+    st.text(max_size=20),
+    st.sampled_from(['"type": "image"', "image", "document", '{"type": "document"}']),
+    st.integers(),
+    st.none(),
+)
+_BLOCK = st.sampled_from(
+    [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA"}},
+        {"type": "document", "source": {"type": "text", "data": "some text " * 9}},
+        {"type": "text", "text": '"type": "image"'},
+    ]
+)
+_VALUE = st.recursive(
+    st.one_of(_LEAF, _BLOCK),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(["type", "a"]), inner)
+    ),
+    max_leaves=12,
+)
+
+
+@given(_VALUE)
+def test_the_estimate_without_a_walk_is_the_walks_estimate(value: Any) -> None:
+    """The shortcut (no attachment marker in the JSON: no walk) changes no estimate, also
+    for text that spells out a marker and blocks nested anywhere."""
+    assert estimate_tokens(value) == _estimate_walk(value)
 
 
 @pytest.mark.parametrize("kind", ["image", "pdf", "text"])

@@ -77,3 +77,34 @@ def test_one_statement_ends_every_open_call_of_a_read_each_once(
     assert rows[b.id] == ("error", "", "it broke", 20)
     assert rows[c.id][:3] == ("timeout", "", "too slow")
     assert rows[done.id] == ("ok", "earlier", None, 5), "an ended call keeps its result"
+
+
+def test_a_read_of_more_results_than_one_statement_takes_ends_each_call_with_its_own(
+    db_sessions: sessionmaker[Session], make_user: Callable[[], tuple[str, str]]
+) -> None:
+    """Past ``_END_BATCH`` results the statements split; every call still gets its own
+    status, output, error and duration, and a call in the later statement that had ended
+    keeps its result."""
+    user_id, _ = make_user()
+    n = store._END_BATCH * 2 + 3
+    calls = _calls(db_sessions, user_id, n)
+    last = calls[-1]
+    store.record_results(db_sessions, [store.ResultRow(last.id, "ok", "first", None, 1)])
+
+    ended = store.record_results(
+        db_sessions,
+        [
+            store.ResultRow(call.id, "ok" if i % 2 else "error", f"out {i}", f"err {i}", i)
+            for i, call in enumerate(calls)
+        ],
+    )
+
+    assert [e.id for e in ended] == [call.id for call in calls[:-1]]
+    with db_sessions() as s:
+        rows = {
+            call.id: (call.status, call.output, call.error, call.duration_ms)
+            for call in s.query(ToolCall).where(ToolCall.id.in_([c.id for c in calls]))
+        }
+    for i, call in enumerate(calls[:-1]):
+        assert rows[call.id] == ("ok" if i % 2 else "error", f"out {i}", f"err {i}", i)
+    assert rows[last.id] == ("ok", "first", None, 1)
