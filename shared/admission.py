@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, exists, func, select, update
+from sqlalchemy import and_, bindparam, exists, func, select, update
 from sqlalchemy.orm import Session, aliased
 
 from signalbox.shared.db import AdmissionLock, Turn, UserLimits
@@ -83,16 +83,27 @@ class _User:
         return self.running / self.weight, self.waiting[0][1]
 
 
+# A pass's statements are built once, here, with bound parameters: building them cost more
+# than running them (``_WAITING_HEADS``' alias and subquery alone took about 1 ms of CPU per
+# pass, on the path of every turn a gateway stores). SQLAlchemy memoizes a constant
+# statement's cache key, so each execution only binds its values.
+_TAKE_LOCK = (
+    update(AdmissionLock)
+    .where(AdmissionLock.id == 1)
+    .values(passes=AdmissionLock.passes + 1)
+    .execution_options(synchronize_session=False)
+)
+
+
 def _lock(session: Session) -> None:
     """Hold the admission lock until the transaction ends (created on first use, for a
     database made by ``create_all`` rather than the migrations)."""
-    take = update(AdmissionLock).where(AdmissionLock.id == 1)
-    result: Any = session.execute(take.values(passes=AdmissionLock.passes + 1))
+    result: Any = session.execute(_TAKE_LOCK)
     if not result.rowcount:
         from signalbox.shared.db.concurrency import insert_or_get
 
         insert_or_get(session, AdmissionLock, {"id": 1, "passes": 0}, ["id"])
-        session.execute(take.values(passes=AdmissionLock.passes + 1))
+        session.execute(_TAKE_LOCK)
 
 
 def _waiting(deployment: str) -> Any:
@@ -114,26 +125,27 @@ def anyone_waiting(session: Session, deployment: str) -> bool:
     return bool(session.scalar(select(_waiting(deployment))))
 
 
+_RUNNING_BY_USER = (
+    select(Turn.user_id, func.count())
+    .where(
+        Turn.deployment == bindparam("deployment"),
+        Turn.admitted_at.is_not(None),
+        Turn.status.in_(HOLDS_SLOT),
+        Turn.parent_call_id.is_(None),
+    )
+    .group_by(Turn.user_id)
+)
+
+
 def running_by_user(session: Session, deployment: str) -> dict[str, int]:
     """``deployment``'s turns holding a slot, by user."""
-    rows = session.execute(
-        select(Turn.user_id, func.count())
-        .where(
-            Turn.deployment == deployment,
-            Turn.admitted_at.is_not(None),
-            Turn.status.in_(HOLDS_SLOT),
-            Turn.parent_call_id.is_(None),
-        )
-        .group_by(Turn.user_id)
-    )
+    rows = session.execute(_RUNNING_BY_USER, {"deployment": deployment})
     return {user_id: int(count) for user_id, count in rows}
 
 
-def _waiting_heads(
-    session: Session, deployment: str, per_user: int
-) -> list[tuple[str, str, datetime, bool]]:
-    """(turn, user, created, cancel asked) of ``deployment``'s turns that wait and lead their
-    conversation, at most ``per_user`` per user, each user's oldest first."""
+def _waiting_heads_statement() -> Any:
+    """(turn, user, created, cancel asked) of a deployment's turns that wait and lead their
+    conversation, at most ``per_user`` per user (both bound), each user's oldest first."""
     earlier = aliased(Turn)
     ahead = exists().where(
         earlier.conversation_id == Turn.conversation_id,
@@ -149,7 +161,7 @@ def _waiting_heads(
     heads = (
         select(Turn.id, Turn.user_id, Turn.created_at, Turn.cancel_requested, rank)
         .where(
-            Turn.deployment == deployment,
+            Turn.deployment == bindparam("deployment"),
             Turn.status == TurnState.QUEUED,
             Turn.admitted_at.is_(None),
             Turn.parent_call_id.is_(None),
@@ -157,21 +169,41 @@ def _waiting_heads(
         )
         .subquery()
     )
-    rows = session.execute(
+    return (
         select(heads.c.id, heads.c.user_id, heads.c.created_at, heads.c.cancel_requested)
-        .where(heads.c.rank <= per_user)
+        .where(heads.c.rank <= bindparam("per_user"))
         .order_by(heads.c.created_at, heads.c.id)
     )
+
+
+_WAITING_HEADS = _waiting_heads_statement()
+
+
+def _waiting_heads(
+    session: Session, deployment: str, per_user: int
+) -> list[tuple[str, str, datetime, bool]]:
+    """(turn, user, created, cancel asked) of ``deployment``'s turns that wait and lead their
+    conversation, at most ``per_user`` per user, each user's oldest first."""
+    rows = session.execute(_WAITING_HEADS, {"deployment": deployment, "per_user": per_user})
     return [(t, u, as_utc(c), bool(x)) for t, u, c, x in rows]
 
 
+_OWN_LIMITS = select(UserLimits.user_id, UserLimits.max_running_turns, UserLimits.weight).where(
+    UserLimits.user_id.in_(bindparam("user_ids", expanding=True))
+)
+
+
 def _own_limits(session: Session, user_ids: Iterable[str]) -> dict[str, tuple[int | None, int]]:
-    rows = session.execute(
-        select(UserLimits.user_id, UserLimits.max_running_turns, UserLimits.weight).where(
-            UserLimits.user_id.in_(list(user_ids))
-        )
-    )
+    rows = session.execute(_OWN_LIMITS, {"user_ids": list(user_ids)})
     return {u: (limit, max(1, weight or 1)) for u, limit, weight in rows}
+
+
+_MARK_ADMITTED = (
+    update(Turn)
+    .where(and_(Turn.id.in_(bindparam("chosen", expanding=True)), Turn.admitted_at.is_(None)))
+    .values(admitted_at=bindparam("admitted_at"))
+    .execution_options(synchronize_session=False)
+)
 
 
 def _heads_per_user(session: Session, limits: Limits) -> int:
@@ -239,11 +271,7 @@ def admit(
         total += 1
         chosen.append(turn_id)
     if chosen:
-        session.execute(
-            update(Turn)
-            .where(and_(Turn.id.in_(chosen), Turn.admitted_at.is_(None)))
-            .values(admitted_at=now())
-        )
+        session.execute(_MARK_ADMITTED, {"chosen": chosen, "admitted_at": now()})
     return chosen
 
 
