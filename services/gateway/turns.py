@@ -85,6 +85,7 @@ def _insert_turn(
     client_tools: list[dict[str, Any]] | None,
     busy_policy: str,
     agent: str | None = None,
+    deployment: str | None = None,
 ) -> _Inserted:
     conversation = owned_conversation(session, user_id, conversation_id)
     # Concurrent submissions get distinct seqs and one client_turn_id makes one turn.
@@ -123,7 +124,9 @@ def _insert_turn(
         for earlier in unfinished:
             earlier.cancel_requested = True
             interrupted.append(earlier.id)
-    turn = _add_turn(session, user_id, conversation.id, text, client_turn_id, client_tools)
+    turn = _add_turn(
+        session, user_id, conversation.id, text, client_turn_id, client_tools, deployment
+    )
     return _Inserted(turn, created=True, interrupted=interrupted)
 
 
@@ -136,6 +139,7 @@ def _insert_first_turn(
     client_tools: list[dict[str, Any]] | None,
     agent: str | None = None,
     quotas: Quotas | None = None,
+    deployment: str | None = None,
 ) -> _Inserted:
     """A new conversation and its first turn, in one transaction.
 
@@ -151,7 +155,9 @@ def _insert_first_turn(
     conversation = create_conversation(
         session, user_id, workspace, text[:TITLE_CHARS], agent, quotas
     )
-    turn = _add_turn(session, user_id, conversation.id, text, client_turn_id, client_tools)
+    turn = _add_turn(
+        session, user_id, conversation.id, text, client_turn_id, client_tools, deployment
+    )
     return _Inserted(turn, created=True, conversation=conversation)
 
 
@@ -162,7 +168,10 @@ def _add_turn(
     text: str,
     client_turn_id: str | None,
     client_tools: list[dict[str, Any]] | None,
+    deployment: str | None,
 ) -> Turn:
+    """A new turn, ``queued``, last of its conversation; ``deployment``: whose queues run it
+    (stored with the row, not set by an UPDATE after it)."""
     last_seq = session.scalar(
         select(func.max(Turn.seq)).where(Turn.conversation_id == conversation_id)
     )
@@ -175,6 +184,7 @@ def _add_turn(
         client_turn_id=client_turn_id,
         client_tools=client_tools,
         status=TurnState.QUEUED,
+        deployment=deployment,
     )
     session.add(turn)
     session.flush()
@@ -219,10 +229,8 @@ def _store_and_send(
         attached = owned_attachments(session, user_id, upload_ids)
         inserted = insert(session)
         inserted.user_class = user_class(is_admin)
-        if inserted.created:
-            inserted.turn.deployment = gateway.settings.redis_prefix  # whose queues run it
-            if attached:
-                inserted.turn.attachments = [a.upload_id for a in attached]
+        if inserted.created and attached:
+            inserted.turn.attachments = [a.upload_id for a in attached]
         session.commit()
     stored = _Stored(inserted)
     if not inserted.created:
@@ -325,14 +333,16 @@ async def _submit_turn(
 ) -> SubmittedTurn:
     queued: dict[str, Any] = {"text": text, "client_turn_id": client_turn_id}
     insert: Callable[[Session], _Inserted]
+    deployment = gateway.settings.redis_prefix  # whose queues run it
     if conversation_id is None:
+        quotas = gateway.quotas
         insert = lambda s: _insert_first_turn(  # noqa: E731
-            s, user_id, workspace, text, client_turn_id, client_tools, agent, gateway.quotas
+            s, user_id, workspace, text, client_turn_id, client_tools, agent, quotas, deployment
         )
     else:
         cid, busy_policy = conversation_id, gateway.settings.busy_policy
         insert = lambda s: _insert_turn(  # noqa: E731
-            s, user_id, cid, text, client_turn_id, client_tools, busy_policy, agent
+            s, user_id, cid, text, client_turn_id, client_tools, busy_policy, agent, deployment
         )
     stored = await anyio.to_thread.run_sync(
         _store_and_send, gateway, user_id, attachments, insert, queued

@@ -54,5 +54,8 @@ def lock_row(session: Session, model: type[Base], row_id: str) -> bool:
     """Hold ``model``'s row ``row_id`` (SQLite: the database) for writing until the transaction
     ends; False if there is no such row."""
     (pk,) = inspect(model).primary_key
-    result: Any = session.execute(update(model).where(pk == row_id).values({pk.key: pk}))
+    # It writes the key onto itself, so no loaded object changes: nothing for the ORM to
+    # synchronise (by default it read the row's key back with a SELECT of its own).
+    take = update(model).where(pk == row_id).values({pk.key: pk})
+    result: Any = session.execute(take.execution_options(synchronize_session=False))
     return bool(result.rowcount)
