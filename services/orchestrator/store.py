@@ -245,6 +245,33 @@ class Opened:
     admin: bool = False  # whether its user is an admin (the metrics' user class)
 
 
+_turns = cast(Table, Turn.__table__)
+# queued → running, if it is queued and not cancelled: what it found comes back with it.
+_OPEN = (
+    update(_turns)
+    .where(
+        _turns.c.id == bindparam("open_id"),
+        _turns.c.status == TurnState.QUEUED,
+        _turns.c.cancel_requested.is_(False),
+    )
+    .values(
+        status=TurnState.RUNNING,
+        started_at=bindparam("started_at"),
+        deadline_at=func.coalesce(
+            bindparam("new_deadline_at", type_=_turns.c.deadline_at.type), _turns.c.deadline_at
+        ),
+        model=bindparam("model"),
+    )
+    .returning(
+        _turns.c.step, _turns.c.deadline_at, _turns.c.created_at, _turns.c.text, _turns.c.user_id
+    )
+)
+_FOUND = select(
+    _turns.c.status, _turns.c.cancel_requested, _turns.c.step, _turns.c.deadline_at
+).where(_turns.c.id == bindparam("turn_id"))
+_IS_ADMIN = select(User.is_admin).where(User.id == bindparam("user_id"))
+
+
 def open_turn(
     sessions: Sessions,
     info: TurnInfo,
@@ -255,44 +282,52 @@ def open_turn(
     """Read the turn and, if it is queued and not cancelled, start it, in ONE transaction:
     queued → running, and the user's text enters the transcript. ``timeout_s``: the turn's
     wall-clock limit, from now (its ``deadline_at``). ``then``: more writes of the same
-    transaction when it starts the turn (``turn_started``'s webhook deliveries)."""
+    transaction when it starts the turn (``turn_started``'s webhook deliveries).
+
+    Core statements built once: the conditional ``UPDATE ... RETURNING`` that starts it
+    (only a queued, uncancelled turn moves), else one read of what it found; the user
+    message's ``INSERT`` with ``max(seq) + 1`` as its subquery."""
+    now = utcnow()
+    deadline = now + timedelta(seconds=timeout_s) if timeout_s is not None else None
     with sessions() as s, s.begin():
-        turn = s.get(Turn, info.turn_id)
-        if turn is None:
-            raise LookupError(f"no turn {info.turn_id!r}")
-        deadline = as_utc(turn.deadline_at) if turn.deadline_at is not None else None
-        found = Opened(turn.status, turn.cancel_requested, turn.step, False, deadline)
-        if turn.status != TurnState.QUEUED or turn.cancel_requested:
-            return found
-        turn.status = TurnState.RUNNING
-        turn.started_at = utcnow()
-        if timeout_s is not None:
-            deadline = turn.deadline_at = turn.started_at + timedelta(seconds=timeout_s)
-        turn.model = model
-        queued_s = max(0.0, (turn.started_at - as_utc(turn.created_at)).total_seconds())
-        user = s.get(User, turn.user_id)
-        s.add(
-            Message(
-                id=new_id("msg"),
-                conversation_id=info.conversation_id,
-                turn_id=info.turn_id,
-                seq=_next_seq(s, info.conversation_id),
-                step=0,
-                role="user",
-                content=[{"type": "text", "text": turn.text}],
-            )
+        started = s.execute(
+            _OPEN,
+            {
+                "open_id": info.turn_id,
+                "started_at": now,
+                "new_deadline_at": deadline,
+                "model": model,
+            },
+        ).one_or_none()
+        if started is None:
+            found = s.execute(_FOUND, {"turn_id": info.turn_id}).one_or_none()
+            if found is None:
+                raise LookupError(f"no turn {info.turn_id!r}")
+            status, cancel, step, deadline_at = found
+            as_found = as_utc(deadline_at) if deadline_at is not None else None
+            return Opened(status, bool(cancel), step, False, as_found)
+        step, deadline_at, created_at, text, user_id = started
+        s.execute(
+            _STEP_MESSAGE,
+            {
+                "id": new_id("msg"),
+                "seq_conversation_id": info.conversation_id,
+                "conversation_id": info.conversation_id,
+                "turn_id": info.turn_id,
+                "step": 0,
+                "role": "user",
+                "content": [{"type": "text", "text": text}],
+                "input_tokens": 0,
+                "output_tokens": 0,
+                "created_at": now,
+            },
         )
+        admin = bool(s.scalar(_IS_ADMIN, {"user_id": user_id}))
         if then is not None:
             then(s)
-        return Opened(
-            found.status,
-            found.cancel_requested,
-            found.step,
-            True,
-            deadline,
-            queued_s,
-            bool(user and user.is_admin),
-        )
+    queued_s = max(0.0, (now - as_utc(created_at)).total_seconds())
+    opened_deadline = as_utc(deadline_at) if deadline_at is not None else None
+    return Opened(TurnState.QUEUED, False, step, True, opened_deadline, queued_s, admin)
 
 
 def set_turn_status(sessions: Sessions, turn_id: str, status: str, *, only_from: str) -> bool:
