@@ -879,16 +879,27 @@ def finish_turn(
             parent.input_tokens += turn.input_tokens
             parent.output_tokens += turn.output_tokens
         s.execute(
-            update(Turn)
-            .where(
-                Turn.parent_call_id.in_(select(ToolCall.id).where(ToolCall.turn_id == turn_id)),
-                Turn.status.not_in(FINISHED_TURN_STATUSES),
-            )
-            .values(status=TurnState.CANCELLED, error=f"its parent turn ended ({status})")
+            _END_CHILDREN,
+            {"parent_turn_id": turn_id, "child_error": f"its parent turn ended ({status})"},
         )
         if then is not None:
             then(s, turn)
         return turn
+
+
+# The child turns of a turn's spawn_agent calls that have not ended, ended with it; built
+# once (no loaded object is a child of the turn being finished: nothing to synchronise).
+_END_CHILDREN = (
+    update(Turn)
+    .where(
+        Turn.parent_call_id.in_(
+            select(ToolCall.id).where(ToolCall.turn_id == bindparam("parent_turn_id"))
+        ),
+        Turn.status.not_in(FINISHED_TURN_STATUSES),
+    )
+    .values(status=TurnState.CANCELLED, error=bindparam("child_error"))
+    .execution_options(synchronize_session=False)
+)
 
 
 def withdraw_proposals(sessions: Sessions, turn_id: str) -> list[str]:

@@ -1,5 +1,6 @@
-"""``store.open_turn``: a queued turn starts once, with its user's text as the next message of
-the conversation; a cancelled or started turn is reported as found and left alone."""
+"""``store.open_turn`` and ``store.finish_turn``: a queued turn starts once, with its user's
+text as the next message of the conversation; a cancelled or started turn is reported as
+found and left alone; a finished turn ends its sub-agents' turns that had not ended."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.services.orchestrator import store
+from signalbox.services.orchestrator.model import ToolUse
 from signalbox.shared.db.models import Message, Turn, User
 from signalbox.shared.statuses import TurnState
 from tests.orchestrator.support import make_conversation, make_turn
@@ -78,3 +80,66 @@ def test_a_cancelled_turn_is_found_not_started_and_a_missing_one_is_an_error(
     missing = dataclasses.replace(info, turn_id="turn_missing")
     with pytest.raises(LookupError):
         store.open_turn(db_sessions, missing, "m")
+
+
+def test_a_sub_agents_usage_goes_to_its_parent_once_and_an_ended_one_keeps_its_status(
+    db_sessions: sessionmaker[Session], make_user: Callable[[], tuple[str, str]]
+) -> None:
+    """A child turn's usage is charged to its parent when it finishes, once; finishing the
+    parent leaves its ended children as they ended."""
+    user_id, _ = make_user()
+    conversation_id = make_conversation(db_sessions, user_id)
+    parent = _queued(db_sessions, user_id, "parent", 1, conversation_id)
+    store.open_turn(db_sessions, parent, "m")
+    use = ToolUse("toolu_spawn", "spawn_agent", {})
+    _message, (call,) = store.store_step(
+        db_sessions, parent, "", [store.PlannedCall(use, 5.0, "running")], 11, 7
+    )
+    running, done = (make_turn(db_sessions, conversation_id, user_id, t, seq=0) for t in "ab")
+    with db_sessions() as s, s.begin():
+        s.execute(update(Turn).where(Turn.id.in_([running, done])).values(parent_call_id=call.id))
+        s.execute(update(Turn).where(Turn.id == running).values(status=TurnState.RUNNING))
+        s.execute(update(Turn).where(Turn.id == done).values(status=TurnState.COMPLETED))
+        s.execute(update(Turn).where(Turn.id == running).values(input_tokens=5, output_tokens=3))
+
+    child = store.finish_turn(db_sessions, running, TurnState.FAILED, "x", usage_to=parent.turn_id)
+    finished = store.finish_turn(db_sessions, parent.turn_id, TurnState.COMPLETED, None)
+    twice = store.finish_turn(db_sessions, running, TurnState.FAILED, "x", usage_to=parent.turn_id)
+
+    assert child is not None and finished is not None and twice is None
+    with db_sessions() as s:
+        rows = {
+            t.id: (t.status, t.error, t.input_tokens, t.output_tokens)
+            for t in s.scalars(select(Turn).where(Turn.conversation_id == conversation_id))
+        }
+    assert rows[parent.turn_id] == (TurnState.COMPLETED, None, 11 + 5, 7 + 3)
+    assert rows[running] == (TurnState.FAILED, "x", 5, 3)
+    assert rows[done][:2] == (TurnState.COMPLETED, None)
+
+
+def test_a_parent_that_ends_first_ends_its_running_sub_agent(
+    db_sessions: sessionmaker[Session], make_user: Callable[[], tuple[str, str]]
+) -> None:
+    """A sub-agent's turn still running when its parent finishes (its runner died) ends
+    with it, saying why."""
+    user_id, _ = make_user()
+    conversation_id = make_conversation(db_sessions, user_id)
+    parent = _queued(db_sessions, user_id, "parent", 1, conversation_id)
+    store.open_turn(db_sessions, parent, "m")
+    use = ToolUse("toolu_spawn", "spawn_agent", {})
+    _message, (call,) = store.store_step(
+        db_sessions, parent, "", [store.PlannedCall(use, 5.0, "running")], 1, 1
+    )
+    orphan = make_turn(db_sessions, conversation_id, user_id, "child", seq=0)
+    with db_sessions() as s, s.begin():
+        s.execute(
+            update(Turn)
+            .where(Turn.id == orphan)
+            .values(parent_call_id=call.id, status=TurnState.RUNNING)
+        )
+
+    store.finish_turn(db_sessions, parent.turn_id, TurnState.CANCELLED, None)
+
+    with db_sessions() as s:
+        row = s.execute(select(Turn.status, Turn.error).where(Turn.id == orphan)).one()
+    assert tuple(row) == (TurnState.CANCELLED, "its parent turn ended (cancelled)")
