@@ -26,6 +26,7 @@ from signalbox.services.gateway.metrics import GatewayMetrics
 from signalbox.services.gateway.quotas import Quotas
 from signalbox.services.gateway.rate_limit import RateLimits
 from signalbox.services.gateway.relay import RELAY_SOCKET_TIMEOUT_S, RelayHub
+from signalbox.services.gateway.socket_clock import SocketClock, slot_for
 from signalbox.shared.admission import Limits, admit
 from signalbox.shared.celery_app import ORCHESTRATOR_QUEUE, RUN_TURN_TASK, make_celery
 from signalbox.shared.db import make_engine, make_session_factory
@@ -88,6 +89,8 @@ class Gateway:
     # A blocking client for work already in a worker thread: a turn's submission stores it,
     # appends its events and sends run_turn in one thread hop (turns.py), not four.
     thread_redis: SyncRedis
+    # Every WebSocket's heartbeat and idle timeout, from one task (socket_clock.py).
+    ws_clock: SocketClock
     # "Now" for token budgets' periods (budgets.py); tests replace it with a clock they move.
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
 
@@ -124,10 +127,12 @@ class Gateway:
             quotas=Quotas(settings, metrics),
             metrics=metrics,
             thread_redis=_thread_client(settings.redis_url),
+            ws_clock=SocketClock(slot_for(settings.heartbeat_s, settings.ws_idle_timeout_s)),
         )
 
     async def aclose(self) -> None:
-        """Stop the relay and close every client."""
+        """Stop the relay and the sockets' clock, and close every client."""
+        await self.ws_clock.aclose()
         await self.hub.aclose()
         await self.hub.stream.client.aclose()
         await self.http.aclose()
