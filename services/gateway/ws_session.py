@@ -1,8 +1,9 @@
-"""One accepted WebSocket: a reader that handles frames, a writer that drains one queue.
+"""One accepted WebSocket: a reader that handles frames, a writer that drains one outbox.
 
 Every outgoing frame (replies, events, heartbeats) goes through the socket's bounded
-queue and its single writer, so replies and events keep their order. A socket whose
-queue is full is closed with 1013; the relay that fills it never waits for it.
+outbox and its single writer, so replies and events keep their order. A socket whose
+outbox is full is closed with 1013; the relay that fills it never waits for it. The
+heartbeat and the idle timeout are the gateway's one ``SocketClock``'s (socket_clock.py).
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import redis.exceptions
 from pydantic import BaseModel
@@ -28,7 +31,7 @@ from signalbox.services.gateway.relay import EventHead, Subscription
 from signalbox.services.gateway.state import Gateway
 from signalbox.shared.db import User
 from signalbox.shared.event_stream import ReplayGap, check_event_id
-from signalbox.shared.events import Event, utc_now
+from signalbox.shared.events import Event
 from signalbox.shared.protocol import (
     Ack,
     Answer,
@@ -48,12 +51,13 @@ from signalbox.shared.protocol import (
     UserTurn,
     parse_client_frame,
 )
+from signalbox.shared.timestamps import rfc3339
 
 log = logging.getLogger(__name__)
 
 GOING_AWAY = 1001  # the client sent nothing for ``ws_idle_timeout_s``
 MESSAGE_TOO_BIG = 1009
-TRY_AGAIN_LATER = 1013  # a reader too slow for its queue
+TRY_AGAIN_LATER = 1013  # a reader too slow for its outbox
 INTERNAL_ERROR = 1011
 
 
@@ -89,16 +93,88 @@ class _Heartbeat:
 
 _HEARTBEAT = _Heartbeat()
 
+_heartbeat_cache: tuple[int, str] = (-1, "")
+
+
+def heartbeat_text(now_ms: int | None = None) -> str:
+    """The ``heartbeat`` frame for the current millisecond (``now_ms``, Unix time), as
+    ``Heartbeat(ts=...).model_dump_json()`` gives it: made once per millisecond, and shared
+    by every socket whose beat is sent in that millisecond."""
+    global _heartbeat_cache
+    if now_ms is None:
+        now_ms = time.time_ns() // 1_000_000
+    cached_ms, text = _heartbeat_cache
+    if cached_ms != now_ms:
+        seconds, millis = divmod(now_ms, 1000)
+        moment = datetime.fromtimestamp(seconds, UTC).replace(microsecond=millis * 1000)
+        text = Heartbeat(ts=rfc3339(moment)).model_dump_json()
+        _heartbeat_cache = (now_ms, text)
+    return text
+
+
+T = TypeVar("T")
+
+
+class Outbox(Generic[T]):
+    """A socket's bounded FIFO of writer jobs, for its one writer: a deque and at most one
+    waiting future (an ``asyncio.Queue`` also keeps waiter deques, a counter of unfinished
+    tasks and an Event for ``join``, per socket).
+
+    ``put_nowait`` raises ``asyncio.QueueFull`` past ``maxsize`` items (``maxsize`` <= 0:
+    unbounded), as the queue did; the relay's subscriptions rely on it.
+    """
+
+    __slots__ = ("_items", "_maxsize", "_waiter")
+
+    def __init__(self, maxsize: int = 0) -> None:
+        self._items: deque[T] = deque()
+        self._maxsize = maxsize
+        self._waiter: asyncio.Future[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def qsize(self) -> int:
+        """How many jobs wait."""
+        return len(self._items)
+
+    def full(self) -> bool:
+        """True when ``put_nowait`` would raise ``QueueFull``."""
+        return 0 < self._maxsize <= len(self._items)
+
+    def put_nowait(self, item: T) -> None:
+        """Append ``item``, waking the writer; ``asyncio.QueueFull`` when full."""
+        if 0 < self._maxsize <= len(self._items):
+            raise asyncio.QueueFull
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def get(self) -> T:
+        """The oldest job, waiting for one if there is none (one caller at a time)."""
+        items = self._items
+        while not items:
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                if self._waiter is waiter:
+                    self._waiter = None
+        return items.popleft()
+
 
 class WsSession:
-    """The state of one connection: its user, subscriptions and outgoing queue."""
+    """The state of one connection: its user, subscriptions and outbox."""
 
     def __init__(self, gateway: Gateway, websocket: WebSocket, user_id: str) -> None:
         self.gateway = gateway
         self.websocket = websocket
         self.user_id = user_id
-        self.queue: asyncio.Queue[str | _Live | _CatchUp | _Heartbeat] = asyncio.Queue(
-            maxsize=gateway.settings.client_queue_size
+        self.outbox: Outbox[str | _Live | _CatchUp | _Heartbeat] = Outbox(
+            gateway.settings.client_queue_size
         )
         self.subscriptions: dict[str, Subscription] = {}
         self.close_code: int | None = None
@@ -107,11 +183,14 @@ class WsSession:
         # and writer tasks (what each socket holds is most of a gateway's memory at rest).
         self._closing: asyncio.Future[None] = self._loop.create_future()
         self._user_class: str | None = None  # for per-class metrics, read at the first frame
-        # One timer per socket for both the heartbeat and the idle timeout, re-armed when it
-        # fires rather than on every frame (a timeout around each read and each queue wait
-        # cost a timer and, for ``wait_for``, a task, per frame and per socket).
+        # The heartbeat and the idle timeout: the gateway's clock calls ``on_clock`` when the
+        # earlier of the two is due, and the socket answers its next deadline then, rather
+        # than on every frame (a timeout around each read and each queue wait cost a timer
+        # and, for ``wait_for``, a task, per frame and per socket; a timer per socket, a heap
+        # push per beat).
+        self._heartbeat_s = gateway.settings.heartbeat_s
+        self._idle_timeout_s = gateway.settings.ws_idle_timeout_s
         self._last_sent = self._last_received = self._loop.time()
-        self._timer: asyncio.TimerHandle | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -121,7 +200,8 @@ class WsSession:
             asyncio.create_task(self._read_loop(), name="ws-reader"),
             asyncio.create_task(self._write_loop(), name="ws-writer"),
         }
-        self._arm()
+        clock = self.gateway.ws_clock
+        clock.register(self, self._next_due())
         try:
             done, _pending = await asyncio.wait(
                 {*tasks, self._closing}, return_when=asyncio.FIRST_COMPLETED
@@ -132,8 +212,7 @@ class WsSession:
                     log.error("websocket session failed", exc_info=exc)
                     self.request_close(INTERNAL_ERROR)
         finally:
-            if self._timer is not None:
-                self._timer.cancel()
+            clock.unregister(self)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -152,36 +231,33 @@ class WsSession:
         if not self._closing.done():
             self._closing.set_result(None)
 
-    def _arm(self) -> None:
-        settings = self.gateway.settings
-        due = min(
-            self._last_sent + settings.heartbeat_s,
-            self._last_received + settings.ws_idle_timeout_s,
-        )
-        self._timer = self._loop.call_at(due, self._tick)
+    def _next_due(self) -> float:
+        """When the heartbeat or the idle timeout is next due (loop time)."""
+        return min(self._last_sent + self._heartbeat_s, self._last_received + self._idle_timeout_s)
 
-    def _tick(self) -> None:
-        """The socket's timer: close it if the client was silent too long, else queue a
-        heartbeat if nothing was sent for ``heartbeat_s``; then wait for the next one due."""
-        self._timer = None
+    def on_clock(self, now: float) -> float | None:
+        """Called by the gateway's clock at or after ``_next_due()``: close the socket if the
+        client was silent too long, else queue a heartbeat if nothing was sent for
+        ``heartbeat_s``. Returns the next deadline, or None once the socket is closing."""
         if self._closing.done():
-            return
-        now = self._loop.time()
-        if now >= self._last_received + self.gateway.settings.ws_idle_timeout_s:
+            return None
+        if now >= self._last_received + self._idle_timeout_s:
             # Only what the client sends counts: the server's heartbeats keep nothing open.
             self.request_close(GOING_AWAY)
-            return
-        if now >= self._last_sent + self.gateway.settings.heartbeat_s:
-            self._last_sent = now  # counted from now, whenever the writer gets to it
-            with contextlib.suppress(asyncio.QueueFull):  # a full queue is not idle anyway
-                self.queue.put_nowait(_HEARTBEAT)
-        self._arm()
+            return None
+        if now >= self._last_sent + self._heartbeat_s:
+            # Counted from now, when it is due, not from when the writer gets it out: the
+            # next beat is due heartbeat_s after this one was, never earlier.
+            self._last_sent = now
+            with contextlib.suppress(asyncio.QueueFull):  # a full outbox is not idle anyway
+                self.outbox.put_nowait(_HEARTBEAT)
+        return self._next_due()
 
     # -- outgoing --------------------------------------------------------------------------
 
     def _put(self, item: str | _Live | _CatchUp | _Heartbeat) -> None:
         try:
-            self.queue.put_nowait(item)
+            self.outbox.put_nowait(item)
         except asyncio.QueueFull:
             self.request_close(TRY_AGAIN_LATER)
 
@@ -195,26 +271,29 @@ class WsSession:
         self.send(ErrorFrame(req=req, code=code, message=message))
 
     def _deliver(self, event: EventHead, text: str) -> None:
-        self.queue.put_nowait(_Live(event, text))  # QueueFull is the subscription's to handle
+        self.outbox.put_nowait(_Live(event, text))  # QueueFull is the subscription's to handle
 
     def _overflow(self) -> None:
-        log.warning("closing a websocket of user %s: its queue is full", self.user_id)
+        log.warning("closing a websocket of user %s: its outbox is full", self.user_id)
         self.request_close(TRY_AGAIN_LATER)
 
     async def _write_loop(self) -> None:
-        send_text, queue, loop = self.websocket.send_text, self.queue, self._loop
+        send_text, outbox, loop = self.websocket.send_text, self.outbox, self._loop
         metrics = self.gateway.metrics
         while True:
-            item = await queue.get()
+            item = await outbox.get()
+            if item is _HEARTBEAT:
+                # Its beat was counted when it was due (on_clock): not reset here, so the
+                # beats keep their schedule however long the writer took to get to this one.
+                await send_text(heartbeat_text())
+                continue
             if isinstance(item, str):
                 await send_text(item)
             elif isinstance(item, _Live):
                 await send_text(item.text)
                 metrics.events_relayed.labels(item.event.kind).inc()
                 metrics.relay_latency.observe(event_age_s(item.event))
-            elif isinstance(item, _Heartbeat):
-                await send_text(Heartbeat(ts=utc_now()).model_dump_json())
-            else:
+            elif isinstance(item, _CatchUp):
                 await self._catch_up(item)
             self._last_sent = loop.time()
 
