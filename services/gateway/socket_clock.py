@@ -50,6 +50,7 @@ class SocketClock:
         self._task: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Future[None] | None = None  # what the task sleeps on
         self._target: int | None = None  # the slot it sleeps until
+        self._closed = False  # after aclose no task is started again (a late socket waits)
 
     @property
     def registered(self) -> int:
@@ -68,7 +69,7 @@ class SocketClock:
         """Call ``client.on_clock`` once the loop's time reaches ``due``."""
         self.unregister(client)
         self._put(client, math.ceil(due / self.slot_s))
-        if self._task is None or self._task.done():
+        if not self._closed and (self._task is None or self._task.done()):
             self._task = asyncio.get_running_loop().create_task(self._run(), name="ws-clock")
 
     def unregister(self, client: Clocked) -> None:
@@ -83,7 +84,8 @@ class SocketClock:
                 del self._buckets[index]  # its heap entry goes stale, skipped when reached
 
     async def aclose(self) -> None:
-        """Stop the task (registered sockets are the sessions' to close)."""
+        """Stop the task for good (registered sockets are the sessions' to close)."""
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
