@@ -68,7 +68,7 @@ class SocketClock:
     def register(self, client: Clocked, due: float) -> None:
         """Call ``client.on_clock`` once the loop's time reaches ``due``."""
         self.unregister(client)
-        self._put(client, math.ceil(due / self.slot_s))
+        self._put(client, self._first_slot_at_or_after(due))
         if not self._closed and (self._task is None or self._task.done()):
             self._task = asyncio.get_running_loop().create_task(self._run(), name="ws-clock")
 
@@ -90,6 +90,18 @@ class SocketClock:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+
+    def _first_slot_at_or_after(self, due: float) -> int:
+        """The first slot that starts at or after ``due`` (exactly, despite rounding)."""
+        index = math.ceil(due / self.slot_s)
+        return index + 1 if index * self.slot_s < due else index
+
+    def _last_slot_begun(self, now: float) -> int:
+        """The last slot that starts at or before ``now`` (exactly, despite rounding)."""
+        index = math.floor(now / self.slot_s)
+        if (index + 1) * self.slot_s <= now:
+            return index + 1
+        return index - 1 if index * self.slot_s > now else index
 
     def _put(self, client: Clocked, index: int) -> None:
         self._slot_of[client] = index
@@ -127,7 +139,7 @@ class SocketClock:
         """Call every socket of every slot that has begun by ``now`` (the task calls this at
         the start of each slot with sockets in it; tests call it with a time of theirs)."""
         heap, buckets, slot_of = self._heap, self._buckets, self._slot_of
-        current = math.floor(now / self.slot_s)
+        current = self._last_slot_begun(now)
         while heap and heap[0] <= current:
             bucket = buckets.pop(heapq.heappop(heap), None)
             if bucket is None:
@@ -140,9 +152,9 @@ class SocketClock:
                     log.exception("a websocket's clock callback failed; it is dropped")
                     continue
                 if due is not None:
-                    # Never the slot being served: a deadline not yet reached (a rounding
-                    # error at the edge of a slot) waits for the next one.
-                    self._put(client, max(math.ceil(due / self.slot_s), current + 1))
+                    # Never a slot already served: a deadline that has passed (the client
+                    # was late) is met at the next one.
+                    self._put(client, max(self._first_slot_at_or_after(due), current + 1))
 
 
 def _wake(wakeup: asyncio.Future[None]) -> None:
