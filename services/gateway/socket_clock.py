@@ -141,10 +141,13 @@ class SocketClock:
         heap, buckets, slot_of = self._heap, self._buckets, self._slot_of
         current = self._last_slot_begun(now)
         while heap and heap[0] <= current:
-            bucket = buckets.pop(heapq.heappop(heap), None)
+            index = heapq.heappop(heap)
+            bucket = buckets.pop(index, None)
             if bucket is None:
                 continue
             for client in bucket:
+                if slot_of.get(client) != index:
+                    continue  # unregistered by an earlier callback of this tick
                 del slot_of[client]
                 try:
                     due = client.on_clock(now)

@@ -168,6 +168,27 @@ async def test_a_failing_client_is_dropped_and_the_others_still_called(
         await clock.aclose()
 
 
+async def test_a_client_unregistered_by_another_s_callback_is_not_called() -> None:
+    clock = SocketClock(0.02)
+    base = asyncio.get_running_loop().time() + FAR_S
+    victim = Recorder([base, base + 5.0])
+
+    class Unregistering:
+        def on_clock(self, now: float) -> float | None:
+            clock.unregister(victim)
+            return None
+
+    try:
+        for _ in range(20):  # whichever of the two the bucket yields first
+            clock.register(Unregistering(), base)
+        clock.register(victim, base)
+        clock.tick(base + 0.02)
+        assert len(victim.calls) <= 1
+        assert clock.registered == 0
+    finally:
+        await clock.aclose()
+
+
 async def test_the_task_wakes_for_a_client_due_before_the_slot_it_sleeps_until() -> None:
     """Real time: the task sleeps until a far deadline; a nearer one registered after it is
     still met (waited for with a deadline, not a sleep)."""
