@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.services.orchestrator import store
 from signalbox.services.orchestrator.model import ToolUse
-from signalbox.shared.db.models import Message, Turn, User
+from signalbox.shared.db.models import Message, ToolCall, Turn, User
 from signalbox.shared.statuses import TurnState
 from tests.orchestrator.support import make_conversation, make_turn
 
@@ -24,6 +24,22 @@ def _queued(
     info = store.load_turn(sessions, make_turn(sessions, conversation_id, user_id, text, seq=seq))
     assert info is not None
     return info
+
+
+def _spawning(
+    sessions: sessionmaker[Session],
+    user_id: str,
+    conversation_id: str,
+    input_tokens: int,
+    output_tokens: int,
+) -> tuple[store.TurnInfo, ToolCall]:
+    """A started turn whose first step (with this usage) made one spawn_agent call."""
+    parent = _queued(sessions, user_id, "parent", 1, conversation_id)
+    store.open_turn(sessions, parent, "m")
+    use = ToolUse("toolu_spawn", "spawn_agent", {})
+    planned = [store.PlannedCall(use, 5.0, "running")]
+    _message, (call,) = store.store_step(sessions, parent, "", planned, input_tokens, output_tokens)
+    return parent, call
 
 
 def test_a_queued_turn_starts_once_with_its_text_as_the_next_message(
@@ -89,12 +105,7 @@ def test_a_sub_agents_usage_goes_to_its_parent_once_and_an_ended_one_keeps_its_s
     parent leaves its ended children as they ended."""
     user_id, _ = make_user()
     conversation_id = make_conversation(db_sessions, user_id)
-    parent = _queued(db_sessions, user_id, "parent", 1, conversation_id)
-    store.open_turn(db_sessions, parent, "m")
-    use = ToolUse("toolu_spawn", "spawn_agent", {})
-    _message, (call,) = store.store_step(
-        db_sessions, parent, "", [store.PlannedCall(use, 5.0, "running")], 11, 7
-    )
+    parent, call = _spawning(db_sessions, user_id, conversation_id, 11, 7)
     running, done = (make_turn(db_sessions, conversation_id, user_id, t, seq=0) for t in "ab")
     with db_sessions() as s, s.begin():
         s.execute(update(Turn).where(Turn.id.in_([running, done])).values(parent_call_id=call.id))
@@ -124,12 +135,7 @@ def test_a_parent_that_ends_first_ends_its_running_sub_agent(
     with it, saying why."""
     user_id, _ = make_user()
     conversation_id = make_conversation(db_sessions, user_id)
-    parent = _queued(db_sessions, user_id, "parent", 1, conversation_id)
-    store.open_turn(db_sessions, parent, "m")
-    use = ToolUse("toolu_spawn", "spawn_agent", {})
-    _message, (call,) = store.store_step(
-        db_sessions, parent, "", [store.PlannedCall(use, 5.0, "running")], 1, 1
-    )
+    parent, call = _spawning(db_sessions, user_id, conversation_id, 1, 1)
     orphan = make_turn(db_sessions, conversation_id, user_id, "child", seq=0)
     with db_sessions() as s, s.begin():
         s.execute(
