@@ -68,6 +68,8 @@ class SocketClock:
     def register(self, client: Clocked, due: float) -> None:
         """Call ``client.on_clock`` once the loop's time reaches ``due``."""
         self.unregister(client)
+        if not math.isfinite(due):
+            return  # never due (heartbeat and idle timeout both infinite): nothing to call
         self._put(client, self._first_slot_at_or_after(due))
         if not self._closed and (self._task is None or self._task.done()):
             self._task = asyncio.get_running_loop().create_task(self._run(), name="ws-clock")

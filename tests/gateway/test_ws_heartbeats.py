@@ -224,6 +224,20 @@ async def test_unregister_forgets_the_client_and_its_empty_slot() -> None:
         await clock.aclose()
 
 
+async def test_a_deadline_that_never_comes_registers_nothing() -> None:
+    """Heartbeat and idle timeout both ``inf`` (settings accept it): no socket is ever due,
+    and registering one must not fail (``inf / inf`` made every connection fail)."""
+    forever = math.inf
+    for slot in (slot_for(forever, forever), slot_for(1.0, forever)):
+        clock = SocketClock(slot)
+        never = Recorder([forever])
+        try:
+            clock.register(never, forever)
+            assert never not in clock and (clock.registered, clock.slots) == (0, 0)
+        finally:
+            await clock.aclose()
+
+
 # -- the outbox -----------------------------------------------------------------------------
 
 
