@@ -85,8 +85,10 @@ class GatewaySettings(_NeedsInternalToken):
     # The largest attachment POST /api/uploads takes (the body limit of that one route);
     # each kind has its own lower cap too (services/gateway/uploads.py: images 5 MB).
     upload_max_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
-    heartbeat_s: float = 15.0
-    ws_idle_timeout_s: float = 300.0  # close 1001 when the client sent nothing for this long
+    # Both more than 0 (the sockets' one clock ticks in slots of 1/50 of the shorter);
+    # ``inf`` turns one off.
+    heartbeat_s: float = Field(default=15.0, gt=0)
+    ws_idle_timeout_s: float = Field(default=300.0, gt=0)  # close 1001: the client was silent
     # permessage-deflate offered by a client is declined unless this is on: events are small
     # JSON that it shrinks little, and each compressing socket holds ~40 KiB more
     # (bench `connections`, bench/analysis.md). A client that offers it works either way.

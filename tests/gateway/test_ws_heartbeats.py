@@ -25,6 +25,7 @@ from signalbox.services.gateway.state import Gateway
 from signalbox.services.gateway.ws_session import Outbox, WsSession, heartbeat_text
 from signalbox.shared.events import utc_now
 from signalbox.shared.protocol import Heartbeat
+from signalbox.shared.settings import GatewaySettings, SettingsError, load
 from tests.gateway.conftest import RECV_TIMEOUT_S, LiveGateway, connect, request
 
 pytestmark = pytest.mark.anyio
@@ -424,3 +425,18 @@ async def test_replies_keep_their_order_under_a_burst(
                 assert frame["type"] == "pong", frame
                 pongs.append(frame["req"])
     assert pongs == [str(i) for i in range(200)]
+
+
+@pytest.mark.parametrize("variable", ["SIGNALBOX_HEARTBEAT_S", "SIGNALBOX_WS_IDLE_TIMEOUT_S"])
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_a_period_of_zero_or_less_is_refused_at_start_naming_it(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    """A heartbeat or idle timeout of 0 would spin the clock at its 1 ms floor (or close
+    every socket at once): the gateway does not start, and says which setting is wrong."""
+    monkeypatch.setenv("SIGNALBOX_INTERNAL_TOKEN", "a-test-internal-token-" + "x" * 16)
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError, match=variable):
+        load(GatewaySettings)
+    monkeypatch.setenv(variable, "inf")  # off
+    assert math.isinf(getattr(load(GatewaySettings), variable.removeprefix("SIGNALBOX_").lower()))
