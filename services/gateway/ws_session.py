@@ -134,14 +134,6 @@ class Outbox(Generic[T]):
     def __len__(self) -> int:
         return len(self._items)
 
-    def qsize(self) -> int:
-        """How many jobs wait."""
-        return len(self._items)
-
-    def full(self) -> bool:
-        """True when ``put_nowait`` would raise ``QueueFull``."""
-        return 0 < self._maxsize <= len(self._items)
-
     def put_nowait(self, item: T) -> None:
         """Append ``item``, waking the writer; ``asyncio.QueueFull`` when full."""
         if 0 < self._maxsize <= len(self._items):

@@ -34,9 +34,7 @@ _PDF_PAGE = re.compile(rb"/Type\s*/Page(?![A-Za-z])")
 def estimate_tokens(value: Any) -> int:
     """Rough token count of anything JSON-serialisable (characters / 4; an attachment
     block by ``attachment_tokens``)."""
-    if isinstance(value, str):
-        return (len(value) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
-    if attachment_tokens(value) is None and isinstance(value, list | dict):
+    if isinstance(value, list | dict) and attachment_tokens(value) is None:
         # An attachment block is a dict whose "type" is "image" or "document", so its JSON
         # holds one of the markers; without them (most transcripts) no walk is needed.
         text = json.dumps(value, ensure_ascii=False, default=str)

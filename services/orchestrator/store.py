@@ -226,11 +226,6 @@ def _elapsed_ms(started: datetime | None, now: datetime) -> int:
     return max(0, int((now - since).total_seconds() * 1000))
 
 
-def _next_seq(s: Session, conversation_id: str) -> int:
-    last = s.scalar(select(func.max(Message.seq)).where(Message.conversation_id == conversation_id))
-    return (last or 0) + 1
-
-
 @dataclass(frozen=True)
 class Opened:
     """The turn as ``open_turn`` found it (``status`` before it started it) and whether it
@@ -676,27 +671,6 @@ def decision_wait_ms(sessions: Sessions, call: ToolCall) -> int:
         return _waited_ms(s, call.message_id, call.decision or "?", None, None, end)
 
 
-# The conditional end of a call (a call already ended is skipped); built once.
-_RECORD = (
-    update(_calls)
-    .where(_calls.c.id == bindparam("call_id"), _calls.c.status.in_(OPEN_CALL_STATUSES))
-    .values(
-        status=bindparam("new_status"),
-        output=bindparam("new_output"),
-        error=bindparam("new_error"),
-        duration_ms=bindparam("new_duration_ms"),
-        finished_at=bindparam("now"),
-    )
-    .returning(
-        _calls.c.tool,
-        _calls.c.message_id,
-        _calls.c.decision,
-        _calls.c.started_at,
-        _calls.c.expires_at,
-    )
-)
-
-
 def record_results(
     sessions: Sessions,
     rows: Sequence[ResultRow],
@@ -760,20 +734,6 @@ def _end_calls(
 ) -> dict[str, _Ended]:
     """End every still-open call of ``rows`` in one statement (one per ``_END_BATCH``);
     what each ended call's row holds (tool, message, decision, started, expires), by id."""
-    if len(rows) == 1:  # the prebuilt statement
-        row = rows[0]
-        found = s.execute(
-            _RECORD,
-            {
-                "call_id": row.call_id,
-                "new_status": row.status,
-                "new_output": row.output,
-                "new_error": row.error,
-                "new_duration_ms": durations[row.call_id],
-                "now": now,
-            },
-        ).one_or_none()
-        return {} if found is None else {row.call_id: cast(_Ended, tuple(found))}
     done: dict[str, _Ended] = {}
     for start in range(0, len(rows), _END_BATCH):
         batch = rows[start : start + _END_BATCH]
