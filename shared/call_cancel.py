@@ -25,6 +25,9 @@ from signalbox.shared.redis_clients import sync_client
 from signalbox.shared.redis_keys import RedisKeys
 
 CANCEL_SIGNAL = "SIGUSR2"
+# The tool workers' control command that signals the batches holding cancelled calls
+# (services/tools/batches.py): Celery's revoke finds a batch only by its first call's id.
+STOP_BATCHED_CALLS = "stop_batched_calls"
 # Long enough for the revoke broadcast to reach every worker and its signal to land
 # (milliseconds, seconds under load); a call id is never reused, so a stale mark harms nothing.
 CANCELLED_TTL_S = 600

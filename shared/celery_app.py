@@ -23,6 +23,7 @@ SANDBOX_QUEUE = "tools.sandbox"
 
 RUN_TURN_TASK = "orchestrator.run_turn"
 RUN_TOOL_TASK = "tools.run_tool"
+RUN_BATCH_TASK = "tools.run_batch"  # a step's quick calls to one queue (services/tools/batches.py)
 # The scheduler (services/scheduler/): gateway and orchestrator ask it to re-read a row.
 SCHEDULER_QUEUE = "scheduler"
 SYNC_SCHEDULE_TASK = "scheduler.sync_schedule"

@@ -163,6 +163,9 @@ class OrchestratorSettings(CommonSettings):
     orphan_sweep_s: float = Field(default=0.5, gt=0)
     reconcile_s: float = Field(default=30.0, gt=0)
     tool_heartbeat_grace_s: float = Field(default=1.0, ge=0)
+    # A step's calls of quick tools to one queue go this many at most to one task (1: every
+    # call a task of its own; services/tools/batches.py).
+    tool_batch_max: int = Field(default=8, ge=1)
     # Tool calls of one user in flight at once, over all their turns (tool_slots.py); a
     # call past it waits, pending, until one of the user's calls ends. 0: no limit.
     max_tool_calls_per_user: int = Field(default=0, ge=0)

@@ -5,7 +5,8 @@ Redis (``publish_catalogue``) and refresh them while alive; the orchestrator rea
 live union (``read_catalogue``) and sends each call to its tool's queue.
 
 A worker that starts a call claims it (``claim_call``: the claim names the process running
-it, and a redelivery of a non-idempotent call finds it taken) and keeps a heartbeat key
+it, a redelivery of a non-idempotent call finds it taken, and a call its turn's cancel
+marked is not started at all) and keeps a heartbeat key
 alive while it runs (``renew_heartbeats``); the orchestrator ends a started call whose
 heartbeat stopped ``lost`` at once instead of at its deadline.
 """
@@ -41,6 +42,9 @@ class ToolSpec(BaseModel):
     mode: ApprovalMode = "auto"
     side_effect: SideEffect = "read"
     idempotent: bool = False
+    # Returns in milliseconds: a step's quick calls to one queue may share one task, run one
+    # after another, each at its own time limit (``services/tools/batches.py``).
+    quick: bool = False
 
 
 class ToolCallRequest(BaseModel):
@@ -81,8 +85,10 @@ CLAIM_TTL_S = 24 * 3600  # longer than any redelivery (the visibility timeout is
 
 # The first claim wins; a rerun (an idempotent call delivered again) takes the claim over,
 # so the heartbeat follows the process running the call now. Either way the heartbeat
-# starts with the run, not at the main process's next renewal.
+# starts with the run, not at the main process's next renewal. A call marked cancelled
+# (``shared/call_cancel.py``) is not claimed: -1.
 _CLAIM = """
+if redis.call('exists', KEYS[3]) == 1 then return -1 end
 local won = redis.call('set', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2])
 if won or ARGV[4] == '1' then
   if not won then redis.call('set', KEYS[1], ARGV[1], 'EX', ARGV[2]) end
@@ -110,26 +116,34 @@ def claim_holder(pid: int | None = None) -> str:
     return f"{socket.gethostname()}:{pid if pid is not None else os.getpid()}"
 
 
+Claim = Literal["won", "taken", "cancelled"]
+
+
 def claim_call(
     client: redis.Redis, keys: RedisKeys, call_id: str, heartbeat_ttl_s: float, rerun: bool
-) -> bool:
-    """True for the first claim of ``call_id``; a ``rerun`` takes an existing claim over.
+) -> Claim:
+    """``won`` for the first claim of ``call_id``, ``taken`` when a run already claimed it
+    (a ``rerun`` takes the claim over all the same), ``cancelled`` when its turn's cancel
+    marked it: then nothing is claimed, and the call must not start.
 
     Whoever runs the call (the first claim, or a rerun) also starts its heartbeat.
     """
     args = (
         keys.call_claim(call_id),
         keys.call_alive(call_id),
+        keys.call_cancelled(call_id),
         claim_holder(),
         str(CLAIM_TTL_S),
         str(max(1, int(heartbeat_ttl_s * 1000))),
         "1" if rerun else "0",
     )
     try:  # by its digest: the script is not sent (and hashed by Redis) on every call
-        won = client.evalsha(_CLAIM_SHA, 2, *args)
+        won = client.evalsha(_CLAIM_SHA, 3, *args)
     except redis.exceptions.NoScriptError:  # a fresh or flushed Redis: EVAL caches it
-        won = client.eval(_CLAIM, 2, *args)
-    return bool(won)
+        won = client.eval(_CLAIM, 3, *args)
+    if won == -1:
+        return "cancelled"
+    return "won" if won else "taken"
 
 
 def renew_heartbeats(

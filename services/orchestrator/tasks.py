@@ -70,7 +70,7 @@ def _runtime() -> Runtime:
         redis=client,
         keys=keys,
         model=model,
-        dispatcher=CeleryDispatcher(app, client, keys),
+        dispatcher=CeleryDispatcher(app, client, keys, settings.tool_batch_max),
         enqueue_turn=lambda turn_id: app.send_task(RUN_TURN_TASK, args=[turn_id]),
         sync_alarm=lambda alarm_id: app.send_task(
             SYNC_ALARM_TASK, args=[alarm_id], queue=SCHEDULER_QUEUE

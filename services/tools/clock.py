@@ -35,6 +35,7 @@ def rfc3339(moment: datetime) -> str:
     timeout_s=5,
     side_effect="read",
     idempotent=True,
+    quick=True,
 )
 def current_time(args: CurrentTimeInput, ctx: ToolContext) -> str:
     """Now, in UTC or ``args.timezone``."""

@@ -9,11 +9,13 @@ worker's main process keeps its heartbeat alive (``heartbeat.py``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import signal
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,7 @@ from signalbox.services.tools.registry import (
 from signalbox.shared.redis_clients import sync_client
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import ToolsSettings
-from signalbox.shared.tool_contract import ToolCallRequest, ToolResult, claim_call
+from signalbox.shared.tool_contract import Claim, ToolCallRequest, ToolResult, claim_call
 from signalbox.shared.tracing import Attributes, tracer
 from signalbox.shared.workspace_paths import PathOutsideWorkspace, check_workspace_name
 
@@ -156,9 +158,10 @@ def execute(request: ToolCallRequest, context: ToolContext, registry: Registry) 
     )
 
 
-def claim(deps: Deps, call_id: str, idempotent: bool) -> bool:
-    """True for the first claim of ``call_id``; False when some delivery already took it
-    (an idempotent call runs again all the same, and takes the claim over).
+def claim(deps: Deps, call_id: str, idempotent: bool) -> Claim:
+    """``won`` for the first claim of ``call_id``; ``taken`` when some delivery already took
+    it (an idempotent call runs again all the same, and takes the claim over); ``cancelled``
+    when its turn's cancel came first (it must not start).
 
     The value names who runs it (``host:pid`` of the pool process): the main process renews
     the call's heartbeat while that process runs it, and operators and chaos tests read it.
@@ -223,8 +226,34 @@ def report_stopped(raw: Mapping[str, Any], deps: Deps) -> ToolResult | None:
     return result
 
 
-def run_call(raw: Mapping[str, Any], deps: Deps) -> ToolResult | None:
-    """Claim, run and publish one call; None when a redelivery of it is skipped.
+@contextlib.contextmanager
+def soft_time_limit(seconds: float) -> Iterator[None]:
+    """Raise ``SoftTimeLimitExceeded`` in this (main) thread after ``seconds``, as Celery's
+    soft time limit does for a task of its own: a call of a batch has a limit of its own.
+
+    ``SIGALRM``'s timer: Celery's pool uses ``SIGUSR1`` and ``SIGKILL``, the cancel
+    ``SIGUSR2``. The alarm can still land just after the block's last line, in this
+    function's ``finally``: the caller treats that as the time-out it is.
+    """
+
+    def expire(signum: int, frame: object) -> None:
+        raise SoftTimeLimitExceeded()
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def run_call(raw: Mapping[str, Any], deps: Deps, limit_s: float | None = None) -> ToolResult | None:
+    """Claim, run and publish one call; None when a redelivery of it is skipped, or when
+    its turn's cancel came before it started.
+
+    ``limit_s``: the call's soft time limit is kept here, not by Celery (a call of a batch,
+    ``batches.py``): it times out after ``limit_s``, what is left of its own time limit.
 
     Traced as ``tool.call`` (under Celery's span of the task, so under the orchestrator's
     step that sent it), with the tool, its time limit, and the call's status and duration.
@@ -242,7 +271,7 @@ def run_call(raw: Mapping[str, Any], deps: Deps) -> ToolResult | None:
         "signalbox.conversation.id": request.conversation_id,
     }
     with tracer.start_as_current_span("tool.call", attributes=attributes) as span:
-        result = _claimed_run(request, deps)
+        result = _claimed_run(request, deps, limit_s)
         if result is None:
             span.set_attribute("signalbox.tool.status", "skipped")
             return None
@@ -253,10 +282,14 @@ def run_call(raw: Mapping[str, Any], deps: Deps) -> ToolResult | None:
         return result
 
 
-def _claimed_run(request: ToolCallRequest, deps: Deps) -> ToolResult | None:
+def _claimed_run(request: ToolCallRequest, deps: Deps, limit_s: float | None) -> ToolResult | None:
     tool = deps.registry.get(request.tool)
     idempotent = tool is not None and tool.spec.idempotent
-    if not claim(deps, request.call_id, idempotent) and not idempotent:
+    claimed = claim(deps, request.call_id, idempotent)
+    if claimed == "cancelled":
+        log.info("call %s (%s) was cancelled before it started", request.call_id, request.tool)
+        return None
+    if claimed == "taken" and not idempotent:
         log.warning(
             "call %s (%s) was already claimed; not run again", request.call_id, request.tool
         )
@@ -266,6 +299,25 @@ def _claimed_run(request: ToolCallRequest, deps: Deps) -> ToolResult | None:
     except ValueError as exc:
         result = ToolResult(call_id=request.call_id, status="error", error=str(exc))
     else:
-        result = execute(request, context, deps.registry)
+        if limit_s is None:
+            result = execute(request, context, deps.registry)
+        else:
+            result = _execute_within(request, replace(context, timeout_s=limit_s), deps, limit_s)
     publish(deps, request.turn_id, result)
     return result
+
+
+def _execute_within(
+    request: ToolCallRequest, context: ToolContext, deps: Deps, limit_s: float
+) -> ToolResult:
+    started = time.monotonic()
+    try:
+        with soft_time_limit(limit_s):
+            return execute(request, context, deps.registry)
+    except SoftTimeLimitExceeded:  # the alarm came as the call ended, outside its ``try``
+        return ToolResult(
+            call_id=request.call_id,
+            status="timeout",
+            error=f"{request.tool} exceeded its time limit of {request.timeout_s:g} s",
+            duration_ms=math.ceil((time.monotonic() - started) * 1000),
+        )

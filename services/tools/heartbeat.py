@@ -23,7 +23,8 @@ from pathlib import Path
 import redis
 from celery.worker import state
 
-from signalbox.shared.celery_app import RUN_TOOL_TASK
+from signalbox.services.tools.batches import batch_call_ids
+from signalbox.shared.celery_app import RUN_BATCH_TASK, RUN_TOOL_TASK
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.tool_contract import claim_holder, renew_heartbeats
 
@@ -36,12 +37,19 @@ def running_calls() -> list[tuple[str, str]]:
 
     A call's id is its Celery task id (``dispatch.py``); ``worker_pid`` is set once a pool
     process accepted the task. Read in the main process, where the pool's requests live.
+    A batch (``batches.py``) names every call of it: which one runs now only its pool
+    process knows, and the renewal touches only the calls whose claim that process holds.
     """
-    return [
-        (request.id, claim_holder(request.worker_pid))
-        for request in list(state.active_requests)  # copied at once: the consumer mutates it
-        if request.name == RUN_TOOL_TASK and request.worker_pid and _alive(request.worker_pid)
-    ]
+    running = []
+    for request in list(state.active_requests):  # copied at once: the consumer mutates it
+        if not (request.worker_pid and _alive(request.worker_pid)):
+            continue
+        if request.name == RUN_TOOL_TASK:
+            running.append((request.id, claim_holder(request.worker_pid)))
+        elif request.name == RUN_BATCH_TASK:
+            holder = claim_holder(request.worker_pid)
+            running += [(call_id, holder) for call_id in batch_call_ids(request.kwargs)]
+    return running
 
 
 def _alive(pid: int) -> bool:

@@ -116,6 +116,7 @@ class Registry:
         mode: ApprovalMode = "auto",
         side_effect: SideEffect = "read",
         idempotent: bool = False,
+        quick: bool = False,
     ) -> Callable[[F], F]:
         """Declare the decorated function as tool ``name``; returns the function unchanged."""
 
@@ -130,6 +131,7 @@ class Registry:
                 mode=mode,
                 side_effect=side_effect,
                 idempotent=idempotent,
+                quick=quick,
             )
             self.add(Tool(function=function, input_model=model, spec=spec))
             return function

@@ -1,9 +1,12 @@
-"""The one Celery task of the tool workers; it only decodes and delegates to ``execution``."""
+"""The Celery tasks of the tool workers: one call (``tools.run_tool``), or a step's quick calls
+(``tools.run_batch``, ``batches.py``); they only decode and delegate to ``execution``."""
 
 from __future__ import annotations
 
 import logging
 import os
+import time
+from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
@@ -12,11 +15,12 @@ from celery.exceptions import TimeLimitExceeded
 from celery.signals import worker_process_init, worker_ready
 
 from signalbox.services.tools import termination
+from signalbox.services.tools.batches import report_batch_killed, run_batch
 from signalbox.services.tools.execution import Deps, report_killed, report_stopped, run_call
 from signalbox.services.tools.metrics import run_metrics
 from signalbox.services.tools.worker import app, registry, settings
 from signalbox.shared.call_cancel import checker_client, is_cancelled
-from signalbox.shared.celery_app import RUN_TOOL_TASK
+from signalbox.shared.celery_app import RUN_BATCH_TASK, RUN_TOOL_TASK
 from signalbox.shared.log_context import CONTEXT_FIELDS, bind_log_context
 from signalbox.shared.redis_keys import RedisKeys
 
@@ -54,6 +58,13 @@ class ToolTask(Task):  # type: ignore[type-arg]
         """Called in the main process after a hard time-limit kill, and in a child otherwise."""
         if isinstance(exc, TimeLimitExceeded) and isinstance(kwargs, dict):
             limit = exc.args[0] if exc.args and isinstance(exc.args[0], int | float) else 0.0
+            requests = kwargs.get("requests")
+            if isinstance(requests, list):  # a batch: each call is reported
+                calls = [r for r in requests if isinstance(r, dict)]
+                report_batch_killed(calls, deps(), float(limit))
+                for call in calls:
+                    run_metrics(registry).ran(_tool(call), "killed", int(limit * 1000))
+                return
             request = kwargs.get("request", {})
             report_killed(request, deps(), float(limit))
             run_metrics(registry).ran(_tool(request), "killed", int(limit * 1000))
@@ -68,6 +79,18 @@ def _tool(request: Any) -> str:
 def run_tool(request: dict[str, Any]) -> str:
     """Run one tool call and publish its result; returns the status, "skipped" for a
     redelivery, or "terminated" when its turn's cancel stopped it (``termination``)."""
+    return _run_one(request)
+
+
+@app.task(name=RUN_BATCH_TASK, base=ToolTask)
+def run_batch_task(requests: list[dict[str, Any]]) -> list[str]:
+    """Run a step's quick calls one after another, each at its own deadline (``batches``);
+    returns their statuses, in order."""
+    started = time.monotonic()
+    return run_batch(requests, deps(), _run_one, started)
+
+
+def _run_one(request: Mapping[str, Any], limit_s: float | None = None) -> str:
     # Until the task ends (task_postrun clears it), Celery's own line about it included.
     bind_log_context(**{field: _text(request.get(field)) for field in CONTEXT_FIELDS})
     metrics = run_metrics(registry)
@@ -75,7 +98,7 @@ def run_tool(request: dict[str, Any]) -> str:
     try:
         call_id = request.get("call_id")
         with termination.running_call(call_id if isinstance(call_id, str) else ""):
-            result = run_call(request, deps())
+            result = run_call(request, deps(), limit_s)
     except BaseException as exc:
         if not termination.stopped(exc):
             raise

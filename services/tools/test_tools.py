@@ -5,7 +5,8 @@ limit; ``block`` blocks inside C (``time.sleep``, ``select``, a socket ``recv``)
 with every signal blocked, as a C extension that never returns to Python would;
 ``count_calls`` increments a Redis counter so tests can count how often a call really ran
 (redelivery, claims), and can then stay busy (``hold_s``) so a non-idempotent call is in
-flight when a test kills something; ``sleep`` counts too when given ``count_key``;
+flight when a test kills something; ``count_quick`` is the same as a quick tool (a step's
+calls of it share one task); ``sleep`` counts too when given ``count_key``;
 ``propose_later`` proposes a file after a wait it cannot be stopped in (a late write).
 """
 
@@ -86,6 +87,29 @@ def count_calls(args: CountCallsInput, ctx: ToolContext) -> str:
     count = ctx.redis.incr(counter_key(ctx.keys, args.key))
     time.sleep(args.hold_s)  # the soft time limit interrupts it
     return str(count)
+
+
+class CountInput(BaseModel):
+    """Input of ``count_quick``."""
+
+    key: str = Field(min_length=1, max_length=200, description="name of the counter")
+    hold_s: float = Field(
+        0, ge=0, le=5, description="then stay busy this long (a call of a batch in flight)"
+    )
+
+
+@registry.tool(
+    name="count_quick",
+    description=(
+        "TEST ONLY: count_calls declared quick: a step's calls of it share one task (batches)."
+    ),
+    timeout_s=5,
+    idempotent=False,
+    quick=True,
+)
+def count_quick(args: CountInput, ctx: ToolContext) -> str:
+    """``count_calls``, as a quick tool."""
+    return count_calls(CountCallsInput(key=args.key, hold_s=args.hold_s), ctx)
 
 
 class BlockInput(BaseModel):

@@ -123,6 +123,7 @@ def _list(fd: int, base: PurePosixPath, depth: int, out: list[str], hidden: Sequ
     timeout_s=10,
     side_effect="read",
     idempotent=True,
+    quick=True,
 )
 def list_dir(args: ListDirInput, ctx: ToolContext) -> str:
     """Entries under ``args.path``, ``args.depth`` levels deep."""
@@ -188,6 +189,7 @@ def _read_range(lines: Iterator[bytes], start: int, end: int | None, cap: int) -
     timeout_s=10,
     side_effect="read",
     idempotent=True,
+    quick=True,
 )
 def read_file(args: ReadFileInput, ctx: ToolContext) -> str:
     """The text of ``args.path`` (or a range of its lines)."""

@@ -95,8 +95,8 @@ def run_tool(request: dict[str, Any]) -> str:
     r = client()
     spec = SPECS.get(req.tool)
     idempotent = spec is not None and spec.idempotent
-    claimed = claim_call(r, keys, req.call_id, HEARTBEAT_TTL_S, rerun=idempotent)
-    if not claimed and not idempotent:
+    claim = claim_call(r, keys, req.call_id, HEARTBEAT_TTL_S, rerun=idempotent)
+    if claim == "cancelled" or (claim == "taken" and not idempotent):
         return "skipped"
     started = time.monotonic()
     result = ToolResult(call_id=req.call_id, status="error", error="the stand-in tool failed")
