@@ -59,6 +59,24 @@ def _estimate_walk(value: Any) -> int:
 
 
 _ATTACHMENT_MARKERS = ('"type": "image"', '"type": "document"')
+# What a request costs beyond the JSON of its parts: the API's own tool-use system prompt
+# (a few hundred tokens) and each message's framing, with room to spare.
+REQUEST_FRAMING_TOKENS = 2_000
+
+
+def surely_fits(parts: Any, limit_tokens: int) -> bool:
+    """True when ``parts`` (system, tools, messages) fit ``limit_tokens`` whatever the
+    tokenizer: a token is at least one byte of text, so a request of fewer UTF-8 bytes than
+    the limit (less ``REQUEST_FRAMING_TOKENS``) cannot exceed it. Attachments are priced by
+    their pixels and pages, not their bytes: a request holding one is never sure here.
+
+    Exact counting (``token_count.py``, a ``count_tokens`` round trip per step) matters only
+    where the answer could be no; most turns are far from the window.
+    """
+    text = json.dumps(parts, ensure_ascii=False, default=str)
+    if any(marker in text for marker in _ATTACHMENT_MARKERS):
+        return False
+    return len(text.encode()) + REQUEST_FRAMING_TOKENS <= limit_tokens
 
 
 def attachment_tokens(block: Any) -> int | None:

@@ -49,7 +49,12 @@ from signalbox.services.orchestrator.builtin_tools import (
     client_tools,
     input_problem,
 )
-from signalbox.services.orchestrator.context_budget import blocks, estimate_tokens, fit
+from signalbox.services.orchestrator.context_budget import (
+    blocks,
+    estimate_tokens,
+    fit,
+    surely_fits,
+)
 from signalbox.services.orchestrator.context_window import input_budget, window_tokens
 from signalbox.services.orchestrator.model import (
     ModelError,
@@ -175,6 +180,13 @@ def request(runner: TurnRunner, offered: dict[str, Offer], harder: bool = False)
         for t in tools
     ]
     counter = runner.rt.tokens  # exact, each block counted once (token_count.py), or None
+    window = window_tokens(runner.agent.model, settings.context_window_tokens)
+    fits = input_budget(window, output_tokens(runner.agent))
+    budget, cap = min(settings.context_tokens, fits), settings.tool_output_max_chars
+    if counter is not None and not harder and surely_fits([system, tool_dicts, messages], budget):
+        # Nothing will be cut whatever the count: the estimate decides the same, and the
+        # step saves the API's count_tokens round trip.
+        counter = None
     if counter is None:
         count = None
         overhead = estimate_tokens(system) + _tools_estimate(runner, tools, tool_dicts)
@@ -182,9 +194,6 @@ def request(runner: TurnRunner, offered: dict[str, Offer], harder: bool = False)
         count = counter.count
         counter.prime([system, *tool_dicts, *blocks(messages)])
         overhead = count(system) + sum(count(t) for t in tool_dicts)
-    window = window_tokens(runner.agent.model, settings.context_window_tokens)
-    fits = input_budget(window, output_tokens(runner.agent))
-    budget, cap = min(settings.context_tokens, fits), settings.tool_output_max_chars
 
     def size(sent: list[dict[str, Any]]) -> int:
         if count is None:

@@ -3,10 +3,16 @@ content block counted once and kept, the estimate when the API cannot count."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from signalbox.services.orchestrator.anthropic_model import AnthropicModel
-from signalbox.services.orchestrator.context_budget import estimate_tokens, fit
+from signalbox.services.orchestrator.context_budget import (
+    REQUEST_FRAMING_TOKENS,
+    estimate_tokens,
+    fit,
+    surely_fits,
+)
 from signalbox.services.orchestrator.token_count import ApiTokenCounter
 from tests.fake_anthropic import FakeAnthropic, text, tool_use
 from tests.fake_prompt_cache import proxy_tokens
@@ -47,7 +53,11 @@ def test_each_block_of_a_conversation_is_counted_once(
         "sk-test", fake_anthropic.url, "claude-test", retry_backoff_s=0
     )
     h.runtime.tokens = _counter(fake_anthropic)
-    h.runtime.settings = h.runtime.settings.model_copy(update={"max_steps": 10})
+    # A budget the conversation could exceed (it is far from the default's): counted.
+    budget = REQUEST_FRAMING_TOKENS + 100
+    h.runtime.settings = h.runtime.settings.model_copy(
+        update={"max_steps": 10, "context_tokens": budget}
+    )
     h.catalogue(spec("read_file", side_effect="read"))
     h.dispatcher.tools["read_file"] = ok("contents of the file")
     for i in range(3):
@@ -66,6 +76,40 @@ def test_each_block_of_a_conversation_is_counted_once(
     counted = [t for t in _counted_texts(fake_anthropic) if t != "."]
     assert len(counted) == len(set(counted)), "no block is counted twice"
     assert "question 2" in counted and h.runtime.settings.system_prompt in counted
+
+
+def test_a_turn_that_surely_fits_its_budget_asks_for_no_count(
+    harness: Harness, fake_anthropic: FakeAnthropic
+) -> None:
+    h = harness
+    h.runtime.model = AnthropicModel(
+        "sk-test", fake_anthropic.url, "claude-test", retry_backoff_s=0
+    )
+    h.runtime.tokens = _counter(fake_anthropic)
+    h.catalogue(spec("read_file", side_effect="read"))
+    h.dispatcher.tools["read_file"] = ok("contents of the file")
+    fake_anthropic.script(
+        [[text("Reading."), tool_use("read_file", {"path": "f.txt"})], [text("Answer.")]]
+    )
+
+    assert h.run(h.turn("question", seq=1)) == "completed"
+
+    assert len(fake_anthropic.requests) == 2
+    assert fake_anthropic.count_requests == [], "a few hundred bytes in a 150,000-token budget"
+
+
+def test_surely_fits_bounds_tokens_by_bytes_not_by_the_estimate() -> None:
+    # A token is at least a byte: 3,000 three-byte characters may be up to 9,000 tokens,
+    # though the characters / 4 estimate says 750.
+    wide = [{"role": "user", "content": [{"type": "text", "text": "語" * 3000}]}]
+    size = len(json.dumps(wide, ensure_ascii=False).encode())
+    assert estimate_tokens(wide) < 1000 < 9000 < size
+    assert not surely_fits(wide, 9000 + REQUEST_FRAMING_TOKENS)
+    assert surely_fits(wide, size + REQUEST_FRAMING_TOKENS)
+    assert not surely_fits(wide, size + REQUEST_FRAMING_TOKENS - 1)
+    # An image costs its pixels, whatever its bytes: never sure.
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}
+    assert not surely_fits([{"role": "user", "content": [image]}], 1_000_000)
 
 
 def test_the_budget_is_kept_by_exact_counts(fake_anthropic: FakeAnthropic) -> None:
