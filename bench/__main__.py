@@ -4,6 +4,7 @@ python -m bench                       # the whole suite (about 15 minutes on 2 c
 python -m bench --only relay,turn     # some of it; the page keeps the others' last figures
 python -m bench --quick --rounds 2    # tiny sizes, for the smoke test (no page)
 python -m bench --only load           # issue 7's load run: 200 conversations at once (~1 min)
+python -m bench --only load_per_call  # the same, a task per tool call (load@200-per-call)
 python -m bench --only tracing        # CPU per turn with traces on vs off (~5 min)
 python -m bench --profile             # also profile the services where a target is missed
 python -m bench --only load --postgres postgresql://postgres@127.0.0.1/postgres
@@ -75,7 +76,10 @@ GATEWAY_FOCUS = (
     "_store_and_send (signalbox/services/gateway/turns.py)",  # a turn's submission, a thread
 )
 ORCHESTRATOR_FOCUS = ("run_turn (signalbox/services/orchestrator/loop.py)",)
-TOOLS_FOCUS = ("run_tool (signalbox/services/tools/tasks.py)",)
+TOOLS_FOCUS = (
+    "run_tool (signalbox/services/tools/tasks.py)",
+    "run_batch_task (signalbox/services/tools/tasks.py)",
+)
 
 # In the order they run: fewest restarts of tool workers between neighbours.
 BENCHMARKS: dict[str, Benchmark] = {
@@ -87,6 +91,17 @@ BENCHMARKS: dict[str, Benchmark] = {
     ),
     "turn": Benchmark(
         lambda env, o: turns.turn(env, o.rounds, o.warmup),
+        rounds=20,
+        quick_rounds=2,
+        profile={
+            "orchestrator1": ORCHESTRATOR_FOCUS,
+            "gateway": GATEWAY_FOCUS,
+            "tools1": TOOLS_FOCUS,
+        },
+    ),
+    # The same turn with a quick tool: a step's four calls as one task.
+    "turn_quick": Benchmark(
+        lambda env, o: turns.turn(env, o.rounds, o.warmup, quick=True),
         rounds=20,
         quick_rounds=2,
         profile={
@@ -142,6 +157,12 @@ BENCHMARKS: dict[str, Benchmark] = {
         rounds=1,
         quick_rounds=1,
         profile={"gateway": GATEWAY_FOCUS, "orchestrator1": ORCHESTRATOR_FOCUS},
+    ),
+    # The same load with a task per tool call: the tool hop batches save, side by side.
+    "load_per_call": Benchmark(
+        lambda env, o: load.load(env, o.quick, o.warmup, tool=load.PER_CALL_TOOL),
+        rounds=1,
+        quick_rounds=1,
     ),
     # After load: it runs `turn` and `load` again, twice each (traces off, then on).
     "tracing": Benchmark(

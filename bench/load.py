@@ -61,7 +61,11 @@ ORCHESTRATORS = 2
 TOOL_WORKERS = 2
 TOOLS_CONCURRENCY = 4  # prefork slots per tool worker: the Stack's (and `signalbox up`'s) default
 GATEWAYS = 1
-TOOL = "count_calls"  # instant, and it counts its real executions (a re-run shows)
+# Instant, and each counts its real executions (a re-run shows). The same function: one is
+# declared quick (a step's calls of it go as one task, services/tools/batches.py), the other
+# is not (a task per call), so the two load runs differ only in the tool hop.
+TOOL = "count_quick"
+PER_CALL_TOOL = "count_calls"
 RUN_DEADLINE_S = 150.0  # every turn finished by then, or it is reported stuck
 QUICK_RUN_DEADLINE_S = 60.0
 CATCH_UP_S = 10.0  # after the last turn_finished: time for trailing events to arrive
@@ -78,18 +82,22 @@ _INFO = re.compile(r": (INFO|DEBUG)/|^INFO:|^\S+ (INFO|DEBUG) ")
 _WARNING = re.compile(r"\bwarn(ing)?\b", re.IGNORECASE)
 _STAMP = re.compile(r"^\[[^\]]*\]\s*|\d{4}-\d\d-\d\d[ T][\d:,.]+\s*")
 # Celery's worker logs this (at INFO) for every message it takes: the hops actually made.
-_RECEIVED = re.compile(r"Task (orchestrator\.run_turn|tools\.run_tool)\[[^\]]+\] received")
+_RECEIVED = re.compile(
+    r"Task (orchestrator\.run_turn|tools\.run_tool|tools\.run_batch)\[[^\]]+\] received"
+)
+# The tool workers log this (at INFO) for every call they ran (services/tools/tasks.py).
+_CALL_RAN = re.compile(r"call call_\w+: \S+ (ok|error|timeout) in \d+ ms")
 BARE_ROUND_TIMEOUT_S = 120.0
 BARE_WARMUP_TASKS = 16
 PUBLISH_BATCH_MAX = 1000  # as the orchestrator's dispatcher: a round's messages in few trips
 BENCH_PROCESS = "bench (clients + fake model)"  # outside the stack: not in its CPU per turn
 
 
-def _script(marker: str) -> list[Scripted]:
+def _script(marker: str, tool: str) -> list[Scripted]:
     """The model's answers for one conversation: 3 steps of 4 tool calls, then an answer."""
     steps: list[Scripted] = [
         [text(f"step {n}", chunks=1)]
-        + [tool_use(TOOL, {"key": marker}) for _ in range(TOOLS_PER_STEP)]
+        + [tool_use(tool, {"key": marker}) for _ in range(TOOLS_PER_STEP)]
         for n in range(1, TOOL_STEPS + 1)
     ]
     steps.append([text("done", chunks=1)])
@@ -349,20 +357,26 @@ class Hops:
     """The Celery task hops a run made, counted from the workers' ``received`` lines."""
 
     deliveries: int  # ``orchestrator.run_turn`` messages the orchestrators took
-    tool_calls: int  # ``tools.run_tool`` messages the tool workers took
+    tool_calls: int  # tool calls the tool workers ran
+    tool_tasks: int  # the tasks they came in: ``tools.run_tool`` and ``tools.run_batch``
     counted_from: str  # "worker logs", or "plan" where the logs said nothing (no INFO)
 
 
 def _hops(env: BenchEnv, since: dict[Path, int], turns: int) -> Hops:
-    found = {"orchestrator.run_turn": 0, "tools.run_tool": 0}
+    found = {"orchestrator.run_turn": 0, "tools.run_tool": 0, "tools.run_batch": 0}
+    calls = 0
     for path in (env.var_dir / "logs").glob("*.log"):
         with open(path, "rb") as log:
             log.seek(since.get(path, 0))
-            for match in _RECEIVED.finditer(log.read().decode(errors="replace")):
-                found[match.group(1)] += 1
+            text = log.read().decode(errors="replace")
+        for match in _RECEIVED.finditer(text):
+            found[match.group(1)] += 1
+        calls += sum(1 for _ in _CALL_RAN.finditer(text))
     if found["orchestrator.run_turn"] == 0:  # logs above INFO: what the design sends at least
-        return Hops(turns, turns * TOOL_STEPS * TOOLS_PER_STEP, "plan")
-    return Hops(found["orchestrator.run_turn"], found["tools.run_tool"], "worker logs")
+        planned = turns * TOOL_STEPS * TOOLS_PER_STEP
+        return Hops(turns, planned, planned, "plan")
+    tasks = found["tools.run_tool"] + found["tools.run_batch"]
+    return Hops(found["orchestrator.run_turn"], calls, tasks, "worker logs")
 
 
 @dataclass(frozen=True)
@@ -432,7 +446,9 @@ def _cpu_extra(
         "hops": {
             "run_turn_deliveries": hops.deliveries,
             "tool_calls": hops.tool_calls,
+            "tool_tasks": hops.tool_tasks,
             "per_turn": round((hops.deliveries + hops.tool_calls) / per_turn, 3),
+            "tasks_per_turn": round((hops.deliveries + hops.tool_tasks) / per_turn, 3),
             "counted_from": hops.counted_from,
         },
     }
@@ -492,7 +508,7 @@ class LoadStack:
     added: list[Child] = field(default_factory=list)  # stopped again at the end
 
 
-def _start(env: BenchEnv, gateways: int, quick: bool, warmup: int) -> LoadStack:
+def _start(env: BenchEnv, gateways: int, quick: bool, warmup: int, tool: str) -> LoadStack:
     """The load's stack, with ``warmup`` turns run while the second orchestrator starts."""
     env.gateway()
     env.orchestrator()
@@ -518,7 +534,7 @@ def _start(env: BenchEnv, gateways: int, quick: bool, warmup: int) -> LoadStack:
         stack.added.append(child)
         stack.urls.append(url)
     stack.urls = [u.replace("http://", "ws://") + "/ws" for u in stack.urls]
-    _alone(env, stack.urls, warmup)
+    _alone(env, stack.urls, warmup, tool)
     for child in added:
         child.wait_ready(log_contains(child, " ready."))
     return stack
@@ -530,22 +546,22 @@ def _stop_added(env: BenchEnv, stack: LoadStack | None) -> None:
         env.stop_extra(child)
 
 
-def _clients(env: BenchEnv, urls: list[str], n: int) -> list[Client]:
+def _clients(env: BenchEnv, urls: list[str], n: int, tool: str) -> list[Client]:
     run = uuid.uuid4().hex[:8]
     clients = []
     for i in range(n):
         marker = f"load-{run}-{i:05d}"  # fixed width: no marker is a prefix of another
-        env.fake.script_for(marker, _script(marker))
+        env.fake.script_for(marker, _script(marker, tool))
         _user_id, token = env.user()
         clients.append(Client(marker=marker, token=token, url=urls[i % len(urls)]))
     return clients
 
 
-def _alone(env: BenchEnv, urls: list[str], turns: int) -> list[float]:
+def _alone(env: BenchEnv, urls: list[str], turns: int, tool: str) -> list[float]:
     """The same turn alone, back to back: latency of each (ms)."""
     samples = []
     for _ in range(turns):
-        (client,) = _clients(env, urls[:1], 1)
+        (client,) = _clients(env, urls[:1], 1, tool)
         asyncio.run(_drive(env, [client], QUICK_RUN_DEADLINE_S))
         if client.status != "completed" or client.latency_ms is None:
             raise RuntimeError(
@@ -562,16 +578,20 @@ def load(
     warmup: int,
     conversations: int | None = None,
     gateways: int = GATEWAYS,
+    tool: str = TOOL,
 ) -> list[Result]:
-    """``conversations`` turns of 3 steps x 4 tools at once: completion, delivery, latency."""
+    """``conversations`` turns of 3 steps x 4 tools at once: completion, delivery, latency.
+
+    ``tool``: ``TOOL`` (a step's 4 calls go as one task), or ``PER_CALL_TOOL`` (a task each).
+    """
     n = conversations or (QUICK_CONVERSATIONS if quick else CONVERSATIONS)
     deadline_s = QUICK_RUN_DEADLINE_S if quick else RUN_DEADLINE_S
     stack: LoadStack | None = None
     try:
-        stack = _start(env, gateways, quick, warmup)
-        alone = _alone(env, stack.urls, QUICK_ALONE_TURNS if quick else ALONE_TURNS)
+        stack = _start(env, gateways, quick, warmup, tool)
+        alone = _alone(env, stack.urls, QUICK_ALONE_TURNS if quick else ALONE_TURNS, tool)
         logs_before = _log_sizes(env)
-        clients = _clients(env, stack.urls, n)
+        clients = _clients(env, stack.urls, n, tool)
         cpu_before = _cpu(env)
         began = time.monotonic()
         asyncio.run(_drive(env, clients, deadline_s))
@@ -583,7 +603,7 @@ def load(
         _stop_added(env, stack)
     cpu_s = {k: round(cpu_after[k] - cpu_before.get(k, 0.0), 2) for k in cpu_after}
     bare = _bare_celery(env, stack, hops)
-    result = _result(env, clients, alone, wall_s, problems, stack, cpu_s)
+    result = _result(env, clients, alone, wall_s, problems, stack, cpu_s, tool)
     result.extra.update(_cpu_extra(cpu_s, n, hops, bare))
     return [result]
 
@@ -596,6 +616,7 @@ def _result(
     problems: dict[str, dict[str, Any]],
     stack: LoadStack,
     cpu_s: dict[str, float],
+    tool: str,
 ) -> Result:
     n = len(clients)
     delivery = _delivery(env, clients)
@@ -626,9 +647,13 @@ def _result(
     measured = Series(f"turn latency, {n} at once", latencies)
     return Result(
         id="load",
-        variant=f"{n}-postgres" if env.on_postgres else str(n),
+        variant=str(n)
+        + ("-per-call" if tool == PER_CALL_TOOL else "")
+        + ("-postgres" if env.on_postgres else ""),
         what=f"{n} conversations at once, one WebSocket client each, each a turn of "
-        f"{TOOL_STEPS} steps x {TOOLS_PER_STEP} parallel `{TOOL}` calls then an answer "
+        f"{TOOL_STEPS} steps x {TOOLS_PER_STEP} parallel `{tool}` calls then an answer "
+        + ("(a task per call)" if tool == PER_CALL_TOOL else "(a step's calls as one task)")
+        + " "
         f"(fake model over HTTP); {ORCHESTRATORS} orchestrators, {stack.tool_workers} tool "
         f"workers ({stack.tools_concurrency} prefork slots each), {len(stack.urls)} gateway(s). "
         "Latency: "

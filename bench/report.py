@@ -92,9 +92,15 @@ def merged(run: dict[str, Any], results_dir: Path, this_file: Path | None) -> di
 def _merge_key(result: dict[str, Any]) -> str:
     """What a newer run's result replaces: every variant of its benchmark, but a run on
     PostgreSQL (``load@200-postgres``, ``--postgres``) only the PostgreSQL variants, so the
-    page shows the load run on both databases."""
+    page shows the load run on both databases; and the variants another benchmark makes
+    (``load_per_call``'s ``-per-call``, ``turn_quick``'s ``quick``) only their own."""
     variant = str(result.get("variant", ""))
-    return f"{result['id']}-postgres" if variant.endswith("-postgres") else str(result["id"])
+    key = str(result["id"])
+    if "-per-call" in variant:
+        key += "-per-call"
+    if variant == "quick":
+        key += "-quick"
+    return f"{key}-postgres" if variant.endswith("-postgres") else key
 
 
 def _source(run: dict[str, Any], ids: list[str]) -> dict[str, Any]:
@@ -231,13 +237,15 @@ def _load_cpu_table(x: dict[str, Any]) -> list[str]:
         lines.append(f"| **bare Celery, the same hops** | | **{total:.1f}** |")
     lines.append("")
     if bare:
+        tasks = hops.get("tool_tasks")
+        in_tasks = f", the calls in {tasks} tool tasks" if tasks is not None else ""
         lines.append(
             f"Task hops per turn: {hops.get('per_turn')} ({hops.get('run_turn_deliveries')} "
-            f"`run_turn` deliveries and {hops.get('tool_calls')} tool calls in all, counted from "
-            f"the {hops.get('counted_from')}). Bare Celery made them as {bare.get('tasks')} "
-            f"no-op tasks on {bare.get('workers')} workers in rounds of {bare.get('rounds')} "
-            f"({bare.get('wall_s')} s, {bare.get('cpu_ms_per_task')} ms of CPU per task, its "
-            f"workers, Redis and the producer). **The stack's CPU per turn: "
+            f"`run_turn` deliveries and {hops.get('tool_calls')} tool calls in all{in_tasks}, "
+            f"counted from the {hops.get('counted_from')}). Bare Celery made them as "
+            f"{bare.get('tasks')} no-op tasks on {bare.get('workers')} workers in rounds of "
+            f"{bare.get('rounds')} ({bare.get('wall_s')} s, {bare.get('cpu_ms_per_task')} ms of "
+            "CPU per task, its workers, Redis and the producer). **The stack's CPU per turn: "
             f"{x.get('cpu_ratio_to_bare_celery')}x bare Celery's** (target ≤ 2.5x, issue 20)."
         )
         lines.append("")

@@ -48,6 +48,9 @@ TOOL_STEPS = 3
 TOOLS_PER_STEP = 4
 MODEL_STEPS = TOOL_STEPS + 1  # the tool steps, then the answer
 INSTANT_INPUT = {"seconds": 0}
+# The turn of ``turn_quick``: the same instant calls of a tool declared quick, so a step's
+# four go to the tool worker as one task (services/tools/batches.py).
+QUICK_TOOL, QUICK_INPUT = "count_quick", {"key": "bench-turn-quick"}
 
 
 def _ts(frame: Frame) -> float:
@@ -146,10 +149,9 @@ def first_event(env: BenchEnv, rounds: int, warmup: int) -> list[Result]:
 # -- the turn benchmark ----------------------------------------------------------------
 
 
-def _script() -> list[Scripted]:
+def _script(tool: str = "sleep", tool_input: dict[str, Any] = INSTANT_INPUT) -> list[Scripted]:
     steps: list[Scripted] = [
-        [text(f"step {n}", chunks=1)]
-        + [tool_use("sleep", INSTANT_INPUT) for _ in range(TOOLS_PER_STEP)]
+        [text(f"step {n}", chunks=1)] + [tool_use(tool, tool_input) for _ in range(TOOLS_PER_STEP)]
         for n in range(1, TOOL_STEPS + 1)
     ]
     steps.append([text("done", chunks=1)])
@@ -159,8 +161,10 @@ def _script() -> list[Scripted]:
 class InProcessModel:
     """The same steps as the fake server's script, yielded directly (no HTTP, no SSE)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tool: str = "sleep", tool_input: dict[str, Any] = INSTANT_INPUT) -> None:
         self.calls = 0
+        self.tool = tool
+        self.tool_input = tool_input
 
     @property
     def name(self) -> str:
@@ -173,7 +177,7 @@ class InProcessModel:
         if step <= TOOL_STEPS:
             yield TextDelta(f"step {step}")
             for _ in range(TOOLS_PER_STEP):
-                yield ToolUse(new_id("toolu"), "sleep", dict(INSTANT_INPUT))
+                yield ToolUse(new_id("toolu"), self.tool, dict(self.tool_input))
             yield StepEnd("tool_use", 11, 7)
         else:
             yield TextDelta("done")
@@ -249,7 +253,7 @@ class TimedRuntime(Runtime):
         return self.timed
 
 
-def in_process_runtime(env: BenchEnv) -> TimedRuntime:
+def in_process_runtime(env: BenchEnv, model: InProcessModel | None = None) -> TimedRuntime:
     """The loop's dependencies with the model and the tools in this process; the rest as an
     orchestrator process has them (its approvals feed started: ``stop_runtime`` stops it)."""
     kwargs = env.settings_kwargs()
@@ -262,7 +266,7 @@ def in_process_runtime(env: BenchEnv) -> TimedRuntime:
         sessions=env.sessions,
         redis=env.redis,
         keys=env.keys,
-        model=InProcessModel(),
+        model=model or InProcessModel(),
         dispatcher=InProcessDispatcher(deps),
         enqueue_turn=lambda _turn_id: None,
         approvals=approvals,
@@ -330,8 +334,12 @@ def _model_step_over_http(env: BenchEnv, model: AnthropicModel) -> float:
     return time.perf_counter() - started
 
 
-def turn(env: BenchEnv, rounds: int, warmup: int) -> list[Result]:
-    """A 3-step turn of 4 tools per step: the real stack vs the same loop in-process."""
+def turn(env: BenchEnv, rounds: int, warmup: int, quick: bool = False) -> list[Result]:
+    """A 3-step turn of 4 tools per step: the real stack vs the same loop in-process.
+
+    ``quick``: the tool is declared quick (a step's calls go as one task): ``turn@quick``.
+    """
+    tool, tool_input = (QUICK_TOOL, QUICK_INPUT) if quick else ("sleep", INSTANT_INPUT)
     env.tools(1, TOOLS_PER_STEP)
     env.noop_workers(1, TOOLS_PER_STEP)
     bare = env.celery("bench-bare")
@@ -339,7 +347,7 @@ def turn(env: BenchEnv, rounds: int, warmup: int) -> list[Result]:
     env.orchestrator()
     user_id, token = env.user()
     client = WsClient(env.stack.gateway_url, token)
-    runtime = in_process_runtime(env)
+    runtime = in_process_runtime(env, InProcessModel(tool, tool_input))
     http_model = AnthropicModel(DUMMY_API_KEY, env.fake.url, "bench")
     ours: list[float] = []
     base: list[float] = []
@@ -348,7 +356,7 @@ def turn(env: BenchEnv, rounds: int, warmup: int) -> list[Result]:
     celery_steps: list[float] = []
     try:
         for i in range(warmup + rounds):
-            env.fake.script(_script())
+            env.fake.script(_script(tool, tool_input))
             started = time.perf_counter()
             ack = client.request(
                 {"type": "user_turn", "conversation_id": None, "text": "run the tools"},
@@ -396,7 +404,10 @@ def turn(env: BenchEnv, rounds: int, warmup: int) -> list[Result]:
     return [
         Result(
             id="turn",
-            what=f"a turn of {TOOL_STEPS} tool steps x {TOOLS_PER_STEP} instant tools, then an "
+            variant="quick" if quick else "",
+            what=f"a turn of {TOOL_STEPS} tool steps x {TOOLS_PER_STEP} instant `{tool}` calls"
+            + (" (declared quick: a step's calls as one task)" if quick else "")
+            + ", then an "
             f"answer ({MODEL_STEPS} model steps), instant fake model over HTTP: `user_turn` → "
             "`turn_finished` on the WebSocket",
             measured=measured,
