@@ -146,6 +146,16 @@ def claim_call(
     return "won" if won else "taken"
 
 
+def claim_unstarted(client: redis.Redis, keys: RedisKeys, call_id: str) -> bool:
+    """Claim ``call_id`` as never run (a call of a batch whose limit passed before its turn,
+    reported so): a redelivery then skips it as it skips a call that ran, instead of running
+    it after its result said it did not. False if a run claimed it first. The holder it names
+    is no process's, so no heartbeat is renewed for it."""
+    return bool(
+        client.set(keys.call_claim(call_id), f"{claim_holder()}:unstarted", nx=True, ex=CLAIM_TTL_S)
+    )
+
+
 def renew_heartbeats(
     client: redis.Redis, keys: RedisKeys, running: list[tuple[str, str]], ttl_s: float
 ) -> int:

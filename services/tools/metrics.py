@@ -31,7 +31,8 @@ class ToolRunMetrics:
         self.runs = Counter(
             "signalbox_tool_runs",
             "Tool runs in the tool workers, by tool and status (ok, error, timeout, killed, "
-            "terminated, skipped)",
+            "terminated, skipped; unstarted and failed: a call of a batch that did not start "
+            "before its limit, or that its worker failed to run)",
             ["tool", "status"],
             registry=None,
         )

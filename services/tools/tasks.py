@@ -62,8 +62,10 @@ class ToolTask(Task):  # type: ignore[type-arg]
             if isinstance(requests, list):  # a batch: each call is reported
                 calls = [r for r in requests if isinstance(r, dict)]
                 report_batch_killed(calls, deps(), float(limit))
-                for call in calls:
-                    run_metrics(registry).ran(_tool(call), "killed", int(limit * 1000))
+                # One run was killed (which, only the pool process knew; the calls before it
+                # were counted as they ended): named by the batch's tool when it has one.
+                tools = {_tool(c) for c in calls}
+                run_metrics(registry).ran(tools.pop() if len(tools) == 1 else "", "killed")
                 return
             request = kwargs.get("request", {})
             report_killed(request, deps(), float(limit))
@@ -87,7 +89,12 @@ def run_batch_task(requests: list[dict[str, Any]]) -> list[str]:
     """Run a step's quick calls one after another, each at its own deadline (``batches``);
     returns their statuses, in order."""
     started = time.monotonic()
-    return run_batch(requests, deps(), _run_one, started)
+    statuses = run_batch(requests, deps(), _run_one, started)
+    metrics = run_metrics(registry)
+    for request, status in zip(requests, statuses, strict=False):
+        if status in ("unstarted", "failed"):  # run_one counted the others
+            metrics.ran(_tool(request), status)
+    return statuses
 
 
 def _run_one(request: Mapping[str, Any], limit_s: float | None = None) -> str:

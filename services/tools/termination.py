@@ -46,7 +46,6 @@ class CallTerminated(BaseException):
 
 _call_id: str | None = None  # the call running now, None between calls
 _raised = False
-_exiting = False  # a SIGTERM stopped a call: the pool is stopping this process
 _checking = False
 _cancelled: Callable[[str], bool] = lambda _call_id: False  # noqa: E731
 
@@ -60,12 +59,10 @@ def _stop() -> None:
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    global _exiting
     if _call_id is None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return
-    _exiting = True
     _stop()
 
 
@@ -81,12 +78,6 @@ def _on_cancel(signum: int, frame: FrameType | None) -> None:
         _checking = False
     if cancelled:
         _stop()
-
-
-def exiting() -> bool:
-    """True once a SIGTERM stopped a call: this process must start no further call (the rest
-    of a batch, ``batches.py``)."""
-    return _exiting
 
 
 def stopped(exc: BaseException) -> bool:

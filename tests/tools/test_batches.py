@@ -153,7 +153,7 @@ def test_each_call_of_a_batch_reports_as_it_ends_within_its_own_time_limit(
     assert results[1].duration_ms >= 500  # no limit fires early (nothing bounds how late)
     assert "did not start" in (results[2].error or "")
     assert [batch.count(k) for k in keys] == [1, 1, 0, 1], "the late call never ran"
-    _batch_ended(worker, calls[0].call_id, ["ok", "timeout", "timeout", "ok"])
+    _batch_ended(worker, calls[0].call_id, ["ok", "timeout", "unstarted", "ok"])
     assert _log(worker).count(f"{RUN_BATCH_TASK}[") >= 1
     assert "tools.run_tool[" not in _log(worker), "the calls went as one batch"
 
@@ -230,17 +230,18 @@ def test_a_batch_delivered_again_runs_no_call_twice(batch: Batch, worker: Child)
 def test_a_batch_whose_process_dies_runs_the_rest_elsewhere_and_no_call_twice(
     batch: Batch, worker: Child
 ) -> None:
-    keys = [uuid.uuid4().hex for _ in range(3)]
+    keys = [uuid.uuid4().hex for _ in range(4)]
     calls = [
-        batch.call("count_quick", 5, key=keys[0]),
-        batch.call("count_quick", 5, key=keys[1], hold_s=5),  # the process dies in it
-        batch.call("count_quick", 5, key=keys[2]),
+        batch.call("count_quick", 5, key=keys[0], hold_s=1.5),
+        batch.call("count_quick", 1, key=keys[1]),  # its limit passes: reported, not run
+        batch.call("count_quick", 5, key=keys[2], hold_s=5),  # the process dies in it
+        batch.call("count_quick", 5, key=keys[3]),
     ]
     batch.send(calls)
-    wait_until(lambda: batch.count(keys[1]) == 1, DEADLINE_S, "the second call to start")
-    holder = batch.client.get(batch.keys.call_claim(calls[1].call_id))
+    wait_until(lambda: batch.count(keys[2]) == 1, DEADLINE_S, "the third call to start")
+    holder = batch.client.get(batch.keys.call_claim(calls[2].call_id))
     assert isinstance(holder, bytes)
-    alive = batch.keys.call_alive(calls[1].call_id)
+    alive = batch.keys.call_alive(calls[2].call_id)
     # The main process renews the heartbeat of the batch's running call: its time to live
     # goes back up (left alone, it only runs down).
     seen = [int(batch.client.pttl(alive))]
@@ -253,13 +254,17 @@ def test_a_batch_whose_process_dies_runs_the_rest_elsewhere_and_no_call_twice(
 
     os.kill(int(holder.decode().rsplit(":", 1)[1]), signal.SIGKILL)
 
-    # Delivered again at once: the call that ended is not run again, the one the process
-    # died in (not idempotent) is not either (its heartbeat runs out: the orchestrator
-    # ends it lost), and the one that never started runs now.
-    results = batch.results(2)
+    # Delivered again at once: the call that ended is not run again, nor the one reported
+    # as not started (its result said so), nor the one the process died in (not
+    # idempotent: its heartbeat runs out, and the orchestrator ends it lost); the one that
+    # never started runs now.
+    results = batch.results(3)
     assert [(r.call_id, r.status) for r in results] == [
         (calls[0].call_id, "ok"),
-        (calls[2].call_id, "ok"),
+        (calls[1].call_id, "timeout"),
+        (calls[3].call_id, "ok"),
     ]
-    assert [batch.count(k) for k in keys] == [1, 1, 1]
+    assert "did not start" in (results[1].error or "")
+    _batch_ended(worker, calls[0].call_id, ["skipped", "skipped", "skipped", "ok"])
+    assert [batch.count(k) for k in keys] == [1, 0, 1, 1]
     wait_until(lambda: not batch.client.exists(alive), DEADLINE_S, "the dead call's heartbeat")

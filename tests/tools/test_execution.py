@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import BaseModel
 
 from signalbox.services.tools import test_tools
+from signalbox.services.tools.batches import run_batch
 from signalbox.services.tools.catalogue import CatalogueRefresher, load_tools
 from signalbox.services.tools.execution import (
     OUTPUT_MAX_BYTES,
@@ -266,3 +268,37 @@ def test_a_calls_workspace_is_under_the_resolved_root(tool_env: ToolEnv) -> None
     )
     with pytest.raises(ValueError, match="workspace name"):
         context_for(request.model_copy(update={"workspace": "../x"}), deps)
+
+
+def test_a_call_its_worker_fails_to_run_is_reported_and_the_rest_of_its_batch_runs(
+    tool_env: ToolEnv,
+) -> None:
+    first, second = (
+        tool_env.request("count_quick", key="a"),
+        tool_env.request("count_quick", key="b"),
+    )
+    second = second.model_copy(update={"turn_id": first.turn_id})
+    deps = Deps(
+        tool_env.settings, tool_env.redis, tool_env.keys, tool_env.proposals, tool_env.registry
+    )
+    ran: list[str] = []
+
+    def run_one(raw: Mapping[str, Any], limit_s: float) -> str:
+        ran.append(raw["call_id"])
+        if raw["call_id"] == first.call_id:  # as a claim meeting Redis gone for good
+            raise redis.ConnectionError("Connection refused")
+        return "ok"
+
+    statuses = run_batch(
+        [first.model_dump(mode="json"), second.model_dump(mode="json")],
+        deps,
+        run_one,
+        time.monotonic(),
+    )
+
+    assert statuses == ["failed", "ok"]
+    assert ran == [first.call_id, second.call_id], "the call after the failure still ran"
+    entries: Any = tool_env.redis.xrange(tool_env.keys.tool_results(first.turn_id))
+    [reported] = [ToolResult.model_validate_json(fields[b"r"]) for _id, fields in entries]
+    assert (reported.call_id, reported.status) == (first.call_id, "error")
+    assert "ConnectionError: Connection refused" in (reported.error or "")
