@@ -80,6 +80,11 @@ TOOLS_FOCUS = (
     "run_tool (signalbox/services/tools/tasks.py)",
     "run_batch_task (signalbox/services/tools/tasks.py)",
 )
+TURN_PROFILE = {
+    "orchestrator1": ORCHESTRATOR_FOCUS,
+    "gateway": GATEWAY_FOCUS,
+    "tools1": TOOLS_FOCUS,
+}
 
 # In the order they run: fewest restarts of tool workers between neighbours.
 BENCHMARKS: dict[str, Benchmark] = {
@@ -93,22 +98,14 @@ BENCHMARKS: dict[str, Benchmark] = {
         lambda env, o: turns.turn(env, o.rounds, o.warmup),
         rounds=20,
         quick_rounds=2,
-        profile={
-            "orchestrator1": ORCHESTRATOR_FOCUS,
-            "gateway": GATEWAY_FOCUS,
-            "tools1": TOOLS_FOCUS,
-        },
+        profile=TURN_PROFILE,
     ),
     # The same turn with a quick tool: a step's four calls as one task.
     "turn_quick": Benchmark(
         lambda env, o: turns.turn(env, o.rounds, o.warmup, quick=True),
         rounds=20,
         quick_rounds=2,
-        profile={
-            "orchestrator1": ORCHESTRATOR_FOCUS,
-            "gateway": GATEWAY_FOCUS,
-            "tools1": TOOLS_FOCUS,
-        },
+        profile=TURN_PROFILE,
     ),
     "loop": Benchmark(
         lambda env, o: langgraph_peer.loop(env, o.rounds, o.warmup), rounds=20, quick_rounds=2

@@ -89,27 +89,14 @@ def count_calls(args: CountCallsInput, ctx: ToolContext) -> str:
     return str(count)
 
 
-class CountInput(BaseModel):
-    """Input of ``count_quick``."""
-
-    key: str = Field(min_length=1, max_length=200, description="name of the counter")
-    hold_s: float = Field(
-        0, ge=0, le=5, description="then stay busy this long (a call of a batch in flight)"
-    )
-
-
-@registry.tool(
+# The same tool declared quick: a step's calls of it share one task (batches).
+registry.tool(
     name="count_quick",
-    description=(
-        "TEST ONLY: count_calls declared quick: a step's calls of it share one task (batches)."
-    ),
+    description="TEST ONLY: count_calls declared quick: a step's calls of it share one task.",
     timeout_s=5,
     idempotent=False,
     quick=True,
-)
-def count_quick(args: CountInput, ctx: ToolContext) -> str:
-    """``count_calls``, as a quick tool."""
-    return count_calls(CountCallsInput(key=args.key, hold_s=args.hold_s), ctx)
+)(count_calls)
 
 
 class BlockInput(BaseModel):

@@ -45,21 +45,24 @@ def test_a_block_is_counted_exactly_by_the_api(fake_anthropic: FakeAnthropic) ->
     assert counter.api_calls == 2, "a block already counted is not asked again"
 
 
+def _counting(h: Harness, fake: FakeAnthropic) -> Harness:
+    """``h`` on the model over HTTP, counting with its API, offering ``read_file``."""
+    h.runtime.model = AnthropicModel("sk-test", fake.url, "claude-test", retry_backoff_s=0)
+    h.runtime.tokens = _counter(fake)
+    h.catalogue(spec("read_file", side_effect="read"))
+    h.dispatcher.tools["read_file"] = ok("contents of the file")
+    return h
+
+
 def test_each_block_of_a_conversation_is_counted_once(
     harness: Harness, fake_anthropic: FakeAnthropic
 ) -> None:
-    h = harness
-    h.runtime.model = AnthropicModel(
-        "sk-test", fake_anthropic.url, "claude-test", retry_backoff_s=0
-    )
-    h.runtime.tokens = _counter(fake_anthropic)
+    h = _counting(harness, fake_anthropic)
     # A budget the conversation could exceed (it is far from the default's): counted.
     budget = REQUEST_FRAMING_TOKENS + 100
     h.runtime.settings = h.runtime.settings.model_copy(
         update={"max_steps": 10, "context_tokens": budget}
     )
-    h.catalogue(spec("read_file", side_effect="read"))
-    h.dispatcher.tools["read_file"] = ok("contents of the file")
     for i in range(3):
         fake_anthropic.script(
             [
@@ -81,13 +84,7 @@ def test_each_block_of_a_conversation_is_counted_once(
 def test_a_turn_that_surely_fits_its_budget_asks_for_no_count(
     harness: Harness, fake_anthropic: FakeAnthropic
 ) -> None:
-    h = harness
-    h.runtime.model = AnthropicModel(
-        "sk-test", fake_anthropic.url, "claude-test", retry_backoff_s=0
-    )
-    h.runtime.tokens = _counter(fake_anthropic)
-    h.catalogue(spec("read_file", side_effect="read"))
-    h.dispatcher.tools["read_file"] = ok("contents of the file")
+    h = _counting(harness, fake_anthropic)
     fake_anthropic.script(
         [[text("Reading."), tool_use("read_file", {"path": "f.txt"})], [text("Answer.")]]
     )

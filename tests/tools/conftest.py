@@ -7,11 +7,12 @@ on real uvicorn, used by the write tools.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import redis
 import uvicorn
 from sqlalchemy.orm import Session, sessionmaker
 
+from signalbox.processes import Child, ServiceCommands, child_env, log_contains
 from signalbox.redis_server import free_port
 from signalbox.services.tools.catalogue import load_tools
 from signalbox.services.tools.execution import execute
@@ -91,6 +93,26 @@ class ToolEnv:
         """``run`` with some settings overridden."""
         request = self.request(tool, **tool_input)
         return execute(request, self.context(request.call_id, **settings), self.registry)
+
+
+@contextlib.contextmanager
+def one_slot_worker(tmp_path: Path, settings: Mapping[str, str] = {}) -> Iterator[Child]:
+    """A real tools worker on queue ``tools`` with ONE pool process (consecutive calls share
+    its pid), the test tools, no sandbox, and ``settings`` in its environment."""
+    name = f"tools-{uuid.uuid4().hex[:8]}"
+    overrides = {"SIGNALBOX_TEST_TOOLS": "1", "SIGNALBOX_SANDBOX": "off", **settings}
+    child = Child(
+        name=name,
+        args=ServiceCommands(tools_concurrency=1).tools(f"{name}@%h", queues="tools"),
+        log_path=tmp_path / f"{name}.log",
+        env=child_env(os.environ, overrides),
+    )
+    child.start()
+    try:
+        child.wait_ready(log_contains(child, " ready."))
+        yield child
+    finally:
+        child.stop()
 
 
 @pytest.fixture

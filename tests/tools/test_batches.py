@@ -20,7 +20,7 @@ import pytest
 import redis
 from celery import Celery
 
-from signalbox.processes import Child, ServiceCommands, child_env, log_contains, wait_until
+from signalbox.processes import Child, wait_until
 from signalbox.services.orchestrator.dispatch import HARD_LIMIT_EXTRA_S, CeleryDispatcher
 from signalbox.services.tools.test_tools import counter_key
 from signalbox.shared.celery_app import RUN_BATCH_TASK, make_celery
@@ -28,6 +28,7 @@ from signalbox.shared.ids import new_id
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import ToolsSettings, load
 from signalbox.shared.tool_contract import ToolCallRequest, ToolResult, read_catalogue
+from tests.tools.conftest import one_slot_worker
 
 DEADLINE_S = 30.0  # a deadline to wait for, not a performance assertion
 HEARTBEAT_TTL_S = 0.6  # the worker's call heartbeat, short so a renewal shows quickly
@@ -36,27 +37,12 @@ HEARTBEAT_TTL_S = 0.6  # the worker's call heartbeat, short so a renewal shows q
 @pytest.fixture
 def worker(service_env: dict[str, str], tmp_path: Path) -> Iterator[Child]:
     """A tools worker with ONE pool process: a batch's calls, and the next batch, share it."""
-    name = f"tools-{uuid.uuid4().hex[:8]}"
-    child = Child(
-        name=name,
-        args=ServiceCommands(tools_concurrency=1).tools(f"{name}@%h", queues="tools"),
-        log_path=tmp_path / f"{name}.log",
-        env=child_env(
-            os.environ,
-            {
-                "SIGNALBOX_TEST_TOOLS": "1",
-                "SIGNALBOX_SANDBOX": "off",
-                "SIGNALBOX_CALL_HEARTBEAT_S": "0.2",
-                "SIGNALBOX_CALL_HEARTBEAT_TTL_S": str(HEARTBEAT_TTL_S),
-            },
-        ),
-    )
-    child.start()
-    try:
-        child.wait_ready(log_contains(child, " ready."))
+    heartbeat = {
+        "SIGNALBOX_CALL_HEARTBEAT_S": "0.2",
+        "SIGNALBOX_CALL_HEARTBEAT_TTL_S": str(HEARTBEAT_TTL_S),
+    }
+    with one_slot_worker(tmp_path, heartbeat) as child:
         yield child
-    finally:
-        child.stop()
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from signalbox.processes import Child, ServiceCommands, child_env, log_contains, wait_until
+from signalbox.processes import Child, wait_until
 from signalbox.services.orchestrator.dispatch import CeleryDispatcher
 from signalbox.services.tools.test_tools import counter_key
 from signalbox.shared import call_cancel
@@ -24,6 +23,7 @@ from signalbox.shared.ids import new_id
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import ToolsSettings, load
 from signalbox.shared.tool_contract import ToolCallRequest, ToolResult, ToolSpec, read_catalogue
+from tests.tools.conftest import one_slot_worker
 
 DEADLINE_S = 15.0  # a deadline to wait for, not a performance assertion
 CANCEL_SIGNAL = signal.Signals[call_cancel.CANCEL_SIGNAL]  # what the revoke sends
@@ -32,19 +32,8 @@ CANCEL_SIGNAL = signal.Signals[call_cancel.CANCEL_SIGNAL]  # what the revoke sen
 @pytest.fixture
 def worker(service_env: dict[str, str], tmp_path: Path) -> Iterator[Child]:
     """A tools worker with ONE pool process, so consecutive calls share a pid."""
-    name = f"tools-{uuid.uuid4().hex[:8]}"
-    child = Child(
-        name=name,
-        args=ServiceCommands(tools_concurrency=1).tools(f"{name}@%h", queues="tools"),
-        log_path=tmp_path / f"{name}.log",
-        env=child_env(os.environ, {"SIGNALBOX_TEST_TOOLS": "1", "SIGNALBOX_SANDBOX": "off"}),
-    )
-    child.start()
-    try:
-        child.wait_ready(log_contains(child, " ready."))
+    with one_slot_worker(tmp_path) as child:
         yield child
-    finally:
-        child.stop()
 
 
 def _result(client: redis.Redis, keys: RedisKeys, turn_id: str) -> ToolResult:
