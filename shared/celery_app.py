@@ -33,12 +33,18 @@ SYNC_ALARM_TASK = "scheduler.sync_alarm"
 # kombu looks for messages unacknowledged past the visibility timeout only every
 # interval * throttle seconds (10 * 10 by default); a short timeout needs a sweep as short.
 SHORT_VISIBILITY_TIMEOUT_S = 600
+# A sweep holds a lock while it runs (milliseconds). A worker killed inside one leaves the lock
+# until it expires: 300 s by kombu's default, during which no worker restores anything. Each
+# restore is a transaction of its own, so two sweeps at once cannot deliver a message twice:
+# the lock only saves work, and may expire soon.
+UNACKED_MUTEX_EXPIRE_S = 5
 
 
 def transport_options(settings: CommonSettings) -> dict[str, Any]:
     """Broker/backend options: the visibility timeout and this deployment's key prefix."""
     options: dict[str, Any] = {
         "visibility_timeout": settings.visibility_timeout_s,
+        "unacked_mutex_expire": UNACKED_MUTEX_EXPIRE_S,
         "global_keyprefix": settings.redis_prefix,
         **celery_broker(settings.redis_url)[1],  # Sentinel: the master's name
     }

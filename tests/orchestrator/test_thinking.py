@@ -73,7 +73,9 @@ def test_thinking_blocks_stream_and_go_back_unchanged_before_the_tool_use(
     assert kinds.index("thinking_delta") < kinds.index("text_delta")
     with h.sessions() as s:
         stored = s.scalars(
-            select(Message.content).where(Message.turn_id == first, Message.role == "assistant")
+            select(Message.content)
+            .where(Message.turn_id == first, Message.role == "assistant")
+            .order_by(Message.seq)  # the first step's (without an order, any step's on PG)
         ).first()
     assert stored is not None and stored[:2] == sent[:2]
 
