@@ -46,13 +46,11 @@ from typing import Any
 
 from celery.worker import state as worker_state
 from celery.worker.control import control_command
-from pydantic import ValidationError
 
-from signalbox.services.tools.execution import Deps, publish
-from signalbox.services.tools.publishing import publish_retrying
+from signalbox.services.tools.execution import Deps, parse_request, report
 from signalbox.shared.call_cancel import CANCEL_SIGNAL, STOP_BATCHED_CALLS
 from signalbox.shared.celery_app import RUN_BATCH_TASK
-from signalbox.shared.tool_contract import ToolCallRequest, ToolResult, claim_unstarted
+from signalbox.shared.tool_contract import claim_unstarted
 
 log = logging.getLogger(__name__)
 
@@ -91,49 +89,34 @@ def _time_limit(raw: Mapping[str, Any]) -> float:
     return float(limit) if isinstance(limit, int | float) else 1.0
 
 
-def _request(raw: Mapping[str, Any]) -> ToolCallRequest | None:
-    try:
-        return ToolCallRequest.model_validate(raw)
-    except ValidationError:
-        return None
-
-
 def report_unstarted(raw: Mapping[str, Any], deps: Deps) -> str:
     """Claim as never run, and report ``timeout``, a call whose limit passed while the calls
     before it ran; ``unstarted``, or ``skipped`` if an earlier delivery had claimed it."""
-    request = _request(raw)
+    request = parse_request(raw)
     if request is None:
         return "skipped"  # run_call reports a bad request; this one never ran
     if not claim_unstarted(deps.redis, deps.keys, request.call_id):
         return "skipped"  # an earlier delivery of the batch ran it, and reported
-    result = ToolResult(
-        call_id=request.call_id,
-        status="timeout",
-        error=(
-            f"{request.tool} did not start: the calls before it in its batch took its whole "
-            f"time limit of {request.timeout_s:g} s"
-        ),
+    error = (
+        f"{request.tool} did not start: the calls before it in its batch took its whole "
+        f"time limit of {request.timeout_s:g} s"
     )
-    log.warning("call %s (%s): %s", request.call_id, request.tool, result.error)
-    publish(deps, request.turn_id, result)
+    log.warning("call %s (%s): %s", request.call_id, request.tool, error)
+    report(request, deps, "timeout", error)
     return "unstarted"
 
 
 def report_failed(raw: Mapping[str, Any], deps: Deps, exc: Exception) -> str:
     """Report ``error`` for a call the worker failed to run (as far as Redis lets it)."""
-    request = _request(raw)
+    request = parse_request(raw)
     if request is None:
         return "failed"
-    result = ToolResult(
-        call_id=request.call_id,
-        status="error",
-        error=(
-            f"{request.tool} failed in its tool worker ({type(exc).__name__}: {exc}); "
-            "it may or may not have taken effect"
-        ),
+    error = (
+        f"{request.tool} failed in its tool worker ({type(exc).__name__}: {exc}); "
+        "it may or may not have taken effect"
     )
     try:
-        publish(deps, request.turn_id, result)
+        report(request, deps, "error", error)
     except Exception:  # nowhere to report it: the orchestrator's deadline calls it lost
         log.exception("could not report the failure of call %s", request.call_id)
     return "failed"
@@ -149,20 +132,15 @@ def report_batch_killed(raws: Sequence[Mapping[str, Any]], deps: Deps, limit_s: 
     """
     deadline = time.monotonic() + deps.settings.result_publish_retry_s
     for raw in raws:
-        request = _request(raw)
+        request = parse_request(raw)
         if request is None:
             continue
-        result = ToolResult(
-            call_id=request.call_id,
-            status="timeout",
-            error=(
-                f"{request.tool} was stopped at its batch's hard time limit of {limit_s:g} s "
-                "(a call of the batch did not stop at its own limit); it may not have run"
-            ),
-            duration_ms=int(limit_s * 1000),
+        error = (
+            f"{request.tool} was stopped at its batch's hard time limit of {limit_s:g} s "
+            "(a call of the batch did not stop at its own limit); it may not have run"
         )
         left = max(0.0, deadline - time.monotonic())
-        publish_retrying(deps.redis, deps.keys, request.turn_id, result, left)
+        report(request, deps, "timeout", error, int(limit_s * 1000), retry_s=left)
 
 
 def batch_call_ids(kwargs: object) -> list[str]:

@@ -38,7 +38,13 @@ from signalbox.services.tools.registry import (
 from signalbox.shared.redis_clients import sync_client
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import ToolsSettings
-from signalbox.shared.tool_contract import Claim, ToolCallRequest, ToolResult, claim_call
+from signalbox.shared.tool_contract import (
+    Claim,
+    ResultStatus,
+    ToolCallRequest,
+    ToolResult,
+    claim_call,
+)
 from signalbox.shared.tracing import Attributes, tracer
 from signalbox.shared.workspace_paths import PathOutsideWorkspace, check_workspace_name
 
@@ -138,8 +144,7 @@ def execute(request: ToolCallRequest, context: ToolContext, registry: Registry) 
         else:
             output = returned
     except SoftTimeLimitExceeded:
-        status = "timeout"
-        error = f"{request.tool} exceeded its time limit of {request.timeout_s:g} s"
+        status, error = "timeout", _over_limit(request)
     except ToolTimeout as exc:  # a tool that stops itself at its limit (run_python's sandbox)
         status, error = "timeout", str(exc)
     except (ToolError, PathOutsideWorkspace) as exc:
@@ -186,44 +191,59 @@ def _bad_request(raw: Mapping[str, Any], exc: ValidationError, deps: Deps) -> To
     return result
 
 
+def parse_request(raw: Mapping[str, Any]) -> ToolCallRequest | None:
+    """``raw`` as a request, or None if it is not one (``run_call`` reports why)."""
+    try:
+        return ToolCallRequest.model_validate(raw)
+    except ValidationError:
+        return None
+
+
+def report(
+    request: ToolCallRequest,
+    deps: Deps,
+    status: ResultStatus,
+    error: str,
+    duration_ms: int = 0,
+    retry_s: float | None = None,
+) -> ToolResult:
+    """Publish a result the call did not produce itself (killed, stopped, never started);
+    ``retry_s``: how long a Redis blip may hold it up (default: the setting)."""
+    result = ToolResult(
+        call_id=request.call_id, status=status, error=error, duration_ms=duration_ms
+    )
+    if retry_s is None:
+        publish(deps, request.turn_id, result)
+    else:
+        publish_retrying(deps.redis, deps.keys, request.turn_id, result, retry_s)
+    return result
+
+
 def report_killed(raw: Mapping[str, Any], deps: Deps, limit_s: float) -> ToolResult | None:
     """Publish ``timeout`` for a call whose process was killed at its hard time limit.
 
     Runs in the worker's main process (the child is gone), so the orchestrator hears at once
     instead of waiting out its own deadline and calling the call lost.
     """
-    try:
-        request = ToolCallRequest.model_validate(raw)
-    except ValidationError:
+    request = parse_request(raw)
+    if request is None:
         return None
-    result = ToolResult(
-        call_id=request.call_id,
-        status="timeout",
-        error=f"{request.tool} was stopped at its hard time limit of {limit_s:g} s",
-        duration_ms=int(limit_s * 1000),
-    )
-    publish(deps, request.turn_id, result)
-    return result
+    error = f"{request.tool} was stopped at its hard time limit of {limit_s:g} s"
+    return report(request, deps, "timeout", error, int(limit_s * 1000))
 
 
 def report_stopped(raw: Mapping[str, Any], deps: Deps) -> ToolResult | None:
     """Publish ``error`` for a call stopped by SIGTERM (``termination``): its turn was
     cancelled (the orchestrator already ended it ``cancelled`` and ignores this), or its
     worker is shutting down (the orchestrator hears now instead of at its deadline)."""
-    try:
-        request = ToolCallRequest.model_validate(raw)
-    except ValidationError:
+    request = parse_request(raw)
+    if request is None:
         return None
-    result = ToolResult(
-        call_id=request.call_id,
-        status="error",
-        error=(
-            f"{request.tool} was stopped before it finished (its turn was cancelled or its "
-            "worker is stopping); it may or may not have taken effect"
-        ),
+    error = (
+        f"{request.tool} was stopped before it finished (its turn was cancelled or its "
+        "worker is stopping); it may or may not have taken effect"
     )
-    publish(deps, request.turn_id, result)
-    return result
+    return report(request, deps, "error", error)
 
 
 @contextlib.contextmanager
@@ -318,6 +338,10 @@ def _execute_within(
         return ToolResult(
             call_id=request.call_id,
             status="timeout",
-            error=f"{request.tool} exceeded its time limit of {request.timeout_s:g} s",
+            error=_over_limit(request),
             duration_ms=math.ceil((time.monotonic() - started) * 1000),
         )
+
+
+def _over_limit(request: ToolCallRequest) -> str:
+    return f"{request.tool} exceeded its time limit of {request.timeout_s:g} s"
