@@ -171,6 +171,9 @@ def test_a_turn_is_one_trace_from_the_gateway_to_the_tool_workers_and_its_approv
         s for s in chats if s.service == "signalbox-orchestrator" and s.name.startswith("chat ")
     ]
     assert len(ours) == 2, [s.name for s in chats]
+    # Once each: the SDK's own span (``anthropic.messages.create``), with the same usage
+    # attributes, would have a backend that sums them count every request twice.
+    assert chats == ours, [(s.service, s.name) for s in chats]
     for chat in ours:
         model = chat.attributes["gen_ai.request.model"]
         assert chat.name == f"chat {model}"

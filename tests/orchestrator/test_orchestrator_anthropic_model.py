@@ -141,3 +141,22 @@ def test_consecutive_steps_reuse_one_connection(fake_anthropic: FakeAnthropic) -
 
     peers = {r.peer for r in fake_anthropic.requests}
     assert len(fake_anthropic.requests) == 3 and len(peers) == 1, peers
+
+
+@pytest.mark.parametrize(
+    ("variable", "enabled"),
+    [(None, False), ("true", True), ("false", False)],
+)
+def test_the_sdks_own_spans_are_off_unless_its_variable_asks(
+    fake_anthropic: FakeAnthropic,
+    monkeypatch: pytest.MonkeyPatch,
+    variable: str | None,
+    enabled: bool,
+) -> None:
+    # Each request has its GenAI span already (``chat <model>``); the SDK's would count its
+    # usage twice. Set, the SDK's own variable is the SDK's to read.
+    if variable is None:
+        monkeypatch.delenv("ANTHROPIC_OPEN_TELEMETRY", raising=False)
+    else:
+        monkeypatch.setenv("ANTHROPIC_OPEN_TELEMETRY", variable)
+    assert _model(fake_anthropic).client.open_telemetry["traces"]["enabled"] is enabled
