@@ -37,7 +37,14 @@ DEFAULT_LEVEL = "INFO"
 SECRET_VARIABLES = ("SIGNALBOX_INTERNAL_TOKEN", "ANTHROPIC_API_KEY", "POSTGRES_PASSWORD")
 # Chatty at INFO (a line per HTTP request the process makes); they log at WARNING unless the
 # level asked for is DEBUG.
-QUIET_LOGGERS = ("httpx", "httpcore", "mcp.client.streamable_http")
+# The anthropic SDK's HTTP client is httpx2 (and httpcore2), its own fork of httpx.
+QUIET_LOGGERS = (
+    "httpx",
+    "httpcore",
+    "httpx2",
+    "httpcore2",
+    "mcp.client.streamable_http",
+)
 TRACE_FIELDS = ("trace_id", "span_id")
 
 

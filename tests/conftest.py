@@ -26,6 +26,7 @@ from signalbox.shared.db.users import create_user
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.stack import Stack, StackConfig
 from tests.databases import own_database
+from tests.fake_anthropic import FakeAnthropic
 
 # httpx builds a TLS context for every client it makes, even one that only ever speaks plain
 # HTTP to 127.0.0.1: 0.1 to 0.3 s of CPU each with this machine's OpenSSL 3, and the tests
@@ -183,3 +184,10 @@ def stack(
     s.start()
     yield s
     s.stop()
+
+
+@pytest.fixture
+def fake_anthropic() -> Iterator[FakeAnthropic]:
+    """A running fake Messages API server, scripted by the test."""
+    with FakeAnthropic() as server:
+        yield server

@@ -20,7 +20,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from signalbox.services.orchestrator.loop import Runtime
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import OrchestratorSettings
-from tests.fake_anthropic import FakeAnthropic
 
 from .support import Harness, ScriptedModel, ThreadDispatcher, make_conversation
 
@@ -70,13 +69,6 @@ def no_real_model_api(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
         )
     yield refused
     assert not refused, f"a test tried to reach a real model API: {refused}"
-
-
-@pytest.fixture
-def fake_anthropic() -> Iterator[FakeAnthropic]:
-    """A running fake Messages API server, scripted by the test."""
-    with FakeAnthropic() as server:
-        yield server
 
 
 @pytest.fixture

@@ -21,6 +21,8 @@ import pytest
 from celery import Celery
 
 from signalbox.processes import Child, child_env, log_contains
+from signalbox.services.orchestrator.anthropic_model import AnthropicModel
+from signalbox.services.orchestrator.model import ModelRequest
 from signalbox.shared.celery_app import make_celery
 from signalbox.shared.log_config import configure_logging
 from signalbox.shared.log_context import (
@@ -31,6 +33,7 @@ from signalbox.shared.log_context import (
 )
 from signalbox.shared.redaction import REDACTED, redact
 from signalbox.shared.settings import CommonSettings
+from tests.fake_anthropic import FakeAnthropic, reply, text
 from tests.shared.log_hop_app import HOP_QUEUE, REPORT_TASK
 
 RESULT_TIMEOUT_S = 30.0
@@ -108,6 +111,30 @@ def test_the_level_comes_from_the_environment(
         configure_logging("proposals", "LOUD", stream=captured)
     with pytest.raises(ValueError, match="SIGNALBOX_LOG_FORMAT"):
         configure_logging("proposals", "INFO", "xml", stream=captured)
+
+
+def test_the_model_clients_request_lines_show_at_debug_only(
+    captured: io.StringIO, fake_anthropic: FakeAnthropic
+) -> None:
+    # The anthropic SDK's HTTP client (httpx2) logs a line per request at INFO: one per
+    # model step, every step of every turn.
+    fake_anthropic.script([reply(text("one")), reply(text("two"))])
+    model = AnthropicModel("sk-test", fake_anthropic.url, "claude-test", retry_backoff_s=0)
+    request = ModelRequest(system="", messages=[{"role": "user", "content": "hi"}])
+    quiet = {name: logging.getLogger(name).level for name in ("httpx2", "httpcore2")}
+    try:
+        configure_logging("orchestrator", "INFO", "json", stream=captured)
+        list(model.stream(request))
+        assert not [e for e in _json_lines(captured) if e["logger"].startswith("httpx")]
+        configure_logging("orchestrator", "DEBUG", "json", stream=captured)
+        list(model.stream(request))
+        assert any(
+            e["logger"] == "httpx2" and "HTTP Request" in e["message"]
+            for e in _json_lines(captured)
+        )
+    finally:
+        for name, level in quiet.items():
+            logging.getLogger(name).setLevel(level)
 
 
 def test_a_second_configuration_replaces_the_first(captured: io.StringIO) -> None:
