@@ -54,12 +54,23 @@ def transport_options(settings: CommonSettings) -> dict[str, Any]:
     return options
 
 
-def make_celery(name: str, settings: CommonSettings, include: list[str] | None = None) -> Celery:
-    """A Celery app on the deployment's Redis with Signalbox's delivery settings."""
+def make_celery(
+    name: str,
+    settings: CommonSettings,
+    include: list[str] | None = None,
+    *,
+    results: bool = True,
+) -> Celery:
+    """A Celery app on the deployment's Redis with Signalbox's delivery settings.
+
+    ``results=False``: an app that only sends tasks and reads no result (the gateway) has
+    no result backend. Celery's Redis backend is per thread, so a sender in a pool of
+    worker threads built one, with its own connection pool, in each thread it sent from.
+    """
     broker_fixes.apply()
     propagate_over_celery()  # a task's log lines carry its sender's ids (turn, call...)
     url = celery_broker(settings.redis_url)[0]  # the same URL unless it is Sentinel's
-    app = Celery(name, broker=url, backend=url, include=include or [])
+    app = Celery(name, broker=url, backend=url if results else None, include=include or [])
     options = transport_options(settings)
     app.conf.update(
         task_serializer="json",
@@ -88,3 +99,14 @@ def make_celery(name: str, settings: CommonSettings, include: list[str] | None =
         enable_utc=True,
     )
     return app
+
+
+def send_run_turn(app: Celery, turn_id: str) -> None:
+    """Send ``orchestrator.run_turn(turn_id)``, its outcome not kept by Celery.
+
+    A turn's outcome is in SQL and on its event stream, and no sender reads Celery's copy.
+    Kept, it cost a subscription to the task's result channel in the sender, from the send
+    until the result object was collected, and a write and a publish in the orchestrator,
+    for every turn.
+    """
+    app.send_task(RUN_TURN_TASK, args=[turn_id], queue=ORCHESTRATOR_QUEUE, ignore_result=True)

@@ -109,7 +109,8 @@ def _insert(session: Session, user_id: str, spec: ScheduleIn) -> Schedule:
 
 async def _sync(gateway: Gateway, task: str, row_id: str) -> None:
     def send() -> None:
-        gateway.celery.send_task(task, args=[row_id], queue=SCHEDULER_QUEUE)
+        # The gateway reads no task's result (its Celery app has no result backend).
+        gateway.celery.send_task(task, args=[row_id], queue=SCHEDULER_QUEUE, ignore_result=True)
 
     try:
         await anyio.to_thread.run_sync(send)

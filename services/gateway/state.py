@@ -28,7 +28,7 @@ from signalbox.services.gateway.rate_limit import RateLimits
 from signalbox.services.gateway.relay import RELAY_SOCKET_TIMEOUT_S, RelayHub
 from signalbox.services.gateway.socket_clock import SocketClock, slot_for
 from signalbox.shared.admission import Limits, admit
-from signalbox.shared.celery_app import ORCHESTRATOR_QUEUE, RUN_TURN_TASK, make_celery
+from signalbox.shared.celery_app import make_celery, send_run_turn
 from signalbox.shared.db import make_engine, make_session_factory
 from signalbox.shared.event_stream import AsyncEventStream
 from signalbox.shared.redis_clients import async_client, async_pool, is_sentinel, sync_client
@@ -117,7 +117,7 @@ class Gateway:
             redis=client,
             engine=engine,
             sessions=make_session_factory(engine),
-            celery=make_celery("signalbox-gateway", settings),
+            celery=make_celery("signalbox-gateway", settings, results=False),
             http=httpx.AsyncClient(base_url=settings.proposals_url, timeout=30.0),
             events=AsyncEventStream(client, keys),
             hub=RelayHub(
@@ -157,7 +157,7 @@ class Gateway:
 
     def send_run_turn(self, turn_id: str) -> None:
         """Send ``orchestrator.run_turn(turn_id)``; blocking, for a worker thread."""
-        self.celery.send_task(RUN_TURN_TASK, args=[turn_id], queue=ORCHESTRATOR_QUEUE)
+        send_run_turn(self.celery, turn_id)
 
     def admit_and_send(self) -> list[str]:
         """``admit_waiting_turns``, blocking, for a worker thread (committed before sending:

@@ -156,7 +156,7 @@ def _insert_first_turn(
         session, user_id, workspace, text[:TITLE_CHARS], agent, quotas
     )
     turn = _add_turn(
-        session, user_id, conversation.id, text, client_turn_id, client_tools, deployment
+        session, user_id, conversation.id, text, client_turn_id, client_tools, deployment, seq=1
     )
     return _Inserted(turn, created=True, conversation=conversation)
 
@@ -169,17 +169,21 @@ def _add_turn(
     client_turn_id: str | None,
     client_tools: list[dict[str, Any]] | None,
     deployment: str | None,
+    seq: int | None = None,
 ) -> Turn:
     """A new turn, ``queued``, last of its conversation; ``deployment``: whose queues run it
-    (stored with the row, not set by an UPDATE after it)."""
-    last_seq = session.scalar(
-        select(func.max(Turn.seq)).where(Turn.conversation_id == conversation_id)
-    )
+    (stored with the row, not set by an UPDATE after it). ``seq``: known already (1 in a
+    conversation created in this transaction), else read."""
+    if seq is None:
+        last_seq = session.scalar(
+            select(func.max(Turn.seq)).where(Turn.conversation_id == conversation_id)
+        )
+        seq = (last_seq or 0) + 1
     turn = Turn(
         id=new_id("turn"),
         conversation_id=conversation_id,
         user_id=user_id,
-        seq=(last_seq or 0) + 1,
+        seq=seq,
         text=text,
         client_turn_id=client_turn_id,
         client_tools=client_tools,

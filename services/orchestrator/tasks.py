@@ -24,7 +24,12 @@ from signalbox.services.orchestrator.recovery import Reconciler
 from signalbox.services.orchestrator.token_count import ApiTokenCounter, TokenCounter
 from signalbox.services.orchestrator.tool_slots import ToolSlots
 from signalbox.services.orchestrator.worker import app, hooks, policy, settings
-from signalbox.shared.celery_app import RUN_TURN_TASK, SCHEDULER_QUEUE, SYNC_ALARM_TASK
+from signalbox.shared.celery_app import (
+    RUN_TURN_TASK,
+    SCHEDULER_QUEUE,
+    SYNC_ALARM_TASK,
+    send_run_turn,
+)
 from signalbox.shared.db import make_engine, make_session_factory
 from signalbox.shared.events import turn_finished
 from signalbox.shared.log_context import bind_log_context
@@ -71,7 +76,7 @@ def _runtime() -> Runtime:
         keys=keys,
         model=model,
         dispatcher=CeleryDispatcher(app, client, keys, settings.tool_batch_max),
-        enqueue_turn=lambda turn_id: app.send_task(RUN_TURN_TASK, args=[turn_id]),
+        enqueue_turn=lambda turn_id: send_run_turn(app, turn_id),
         sync_alarm=lambda alarm_id: app.send_task(
             SYNC_ALARM_TASK, args=[alarm_id], queue=SCHEDULER_QUEUE
         ),

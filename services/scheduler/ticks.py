@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.services.scheduler.turns import CannotStart, StartedTurn, store_turn
-from signalbox.shared.celery_app import ORCHESTRATOR_QUEUE, RUN_TURN_TASK
+from signalbox.shared.celery_app import send_run_turn
 from signalbox.shared.db import Alarm, Schedule, ScheduleRun
 from signalbox.shared.db.models import now
 from signalbox.shared.event_stream import EventStream
@@ -41,7 +41,7 @@ def _announce(events: EventStream, celery: Celery, started: StartedTurn, text: s
         {"text": text, "client_turn_id": started.client_turn_id},
         started.turn_id,
     )
-    celery.send_task(RUN_TURN_TASK, args=[started.turn_id], queue=ORCHESTRATOR_QUEUE)
+    send_run_turn(celery, started.turn_id)
 
 
 def run_schedule_tick(

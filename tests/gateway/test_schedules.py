@@ -3,14 +3,17 @@ schedule, the shapes answered, bad input refused with 422, and another user's id
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
+import redis
 from sqlalchemy.orm import Session, sessionmaker
 
+from signalbox.shared.celery_app import SCHEDULER_QUEUE
 from signalbox.shared.db import Alarm, ScheduleRun
 from signalbox.shared.ids import new_id
 
@@ -25,6 +28,19 @@ SCHEDULE_FIELDS = {
 
 def _create(gw: LiveGateway, token: str, **body: Any) -> httpx.Response:
     return httpx.post(f"{gw.url}/api/schedules", json=body, headers=bearer(token))
+
+
+def test_the_scheduler_is_told_with_no_celery_result_kept(
+    gateway: LiveGateway, make_user: Callable[[], tuple[str, str]], redis_client: redis.Redis
+) -> None:
+    # The gateway has no result backend; a kept result would be written for no reader.
+    _user_id, token = make_user()
+    created = _create(gateway, token, kind="interval", interval_s=3600, prompt="Tidy up")
+    assert created.status_code == 201, created.text
+    queue = f"{gateway.keys.prefix}{SCHEDULER_QUEUE}"
+    sent = [json.loads(raw) for raw in cast(list[bytes], redis_client.lrange(queue, 0, -1))]
+    [message] = [m for m in sent if created.json()["id"] in m["headers"]["argsrepr"]]
+    assert message["headers"]["ignore_result"] is True
 
 
 def test_an_owner_creates_lists_pauses_resumes_and_deletes_a_schedule(

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
 import redis
+from celery.backends.base import DisabledBackend
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from signalbox.services.gateway.state import Gateway
 from signalbox.services.gateway.turns import RESEND_AFTER_S
 from signalbox.shared.celery_app import ORCHESTRATOR_QUEUE
 from signalbox.shared.db import Conversation, ToolCall, Turn
@@ -73,6 +75,23 @@ async def test_user_turn_creates_conversation_turn_events_and_task(
     assert turn.client_tools == tools
     assert workspace_dir(gateway.settings.workspaces_root, user_id, "default").is_dir()
     assert queued_turn_tasks(redis_client, gateway.keys) == [("orchestrator.run_turn", [turn_id])]
+
+
+async def test_run_turn_is_sent_with_no_celery_result_kept(
+    gateway: LiveGateway, make_user: Users, redis_client: redis.Redis
+) -> None:
+    # A turn's outcome is in SQL and on its event stream: Celery's copy, read by nobody,
+    # cost the gateway a result backend per sending thread and a subscription per turn,
+    # and the orchestrator a write and a publish.
+    _user_id, token = make_user()
+    async with await connect(gateway, token) as ws:
+        ack = await request(ws, {"type": "user_turn", "conversation_id": None, "text": "hi"})
+    queue = f"{gateway.keys.prefix}{ORCHESTRATOR_QUEUE}"
+    sent = [json.loads(raw) for raw in cast(list[bytes], redis_client.lrange(queue, 0, -1))]
+    [message] = [m for m in sent if ack["turn_id"] in m["headers"]["argsrepr"]]
+    assert message["headers"]["ignore_result"] is True
+    state: Gateway = gateway.app.state.gateway
+    assert isinstance(state.celery.backend, DisabledBackend)
 
 
 async def test_client_turn_id_makes_the_send_idempotent(

@@ -37,7 +37,9 @@ class SentTasks:
     def __init__(self) -> None:
         self.sent: list[tuple[str, list[Any]]] = []
 
-    def send_task(self, name: str, args: list[Any], queue: str) -> None:
+    def send_task(
+        self, name: str, args: list[Any], queue: str, ignore_result: bool = False
+    ) -> None:
         self.sent.append((name, args))
 
 
