@@ -51,6 +51,10 @@ class RedisKeys:
         """Set while a turn found without a runner was lately enqueued again (recovery.py)."""
         return f"{self.prefix}orphan-enqueued:turn:{turn_id}"
 
+    def orphan_sweep(self) -> str:
+        """Held by the orchestrator process that sweeps for orphaned turns this interval."""
+        return f"{self.prefix}orphan-sweep"
+
     def deployment_epoch(self) -> str:
         """A value set once per Redis lifetime; its disappearance means Redis lost its data."""
         return f"{self.prefix}epoch"

@@ -7,7 +7,8 @@ by default), and nothing at all happens for a parked turn on its own. Instead ea
 orchestrator looks every ``interval_s`` for such turns and enqueues them again; a duplicate
 enqueue is harmless (the lease lets one runner in, the rest return). Running turns whose
 runner died are looked for far more often (``orphans_s``, one SQL query and one pipeline of
-``EXISTS``): a dead runner's turn resumes within seconds of its lease running out.
+``EXISTS``), by one orchestrator of the deployment per interval (the sweep key): a dead
+runner's turn resumes within seconds of its lease running out.
 
 Redis losing its data (a restart without persistence, a flush) takes the queued messages,
 the leases and the event streams with it, while SQL still holds every turn. The reconciler
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 # One re-enqueue of an orphan per this, however many orchestrators sweep: its message may
 # wait for a free orchestrator, and more copies would not make that sooner.
 ORPHAN_REENQUEUE_S = 5.0
+# The sweep key lives this share of the orphan interval: gone by the holder's next round.
+SWEEP_HOLD_SHARE = 0.9
 
 
 def orphaned_turns(
@@ -208,7 +211,17 @@ class Reconciler:
         return found + woken + queued + admitted
 
     def sweep_orphans(self) -> list[str]:
-        """The frequent pass: running turns whose runner died; returns those it enqueued."""
+        """The frequent pass: running turns whose runner died; returns those it enqueued.
+
+        One process of the deployment sweeps per interval, whoever takes the sweep key
+        first (it expires within the interval, so a dead sweeper's turn passes on at the
+        next). Every process sweeping read every running turn from SQL and checked two keys
+        of each in Redis, ``orphans_s`` apart per process: a cost that grew with the
+        orchestrators as well as with the turns, for the same answer.
+        """
+        hold_ms = max(1, int(self.orphans_s * 1000 * SWEEP_HOLD_SHARE))
+        if not self.client.set(self.keys.orphan_sweep(), "1", nx=True, px=hold_ms):
+            return []
         found = []
         ttl_ms = int(ORPHAN_REENQUEUE_S * 1000)
         for turn_id in orphaned_turns(self.sessions, self.client, self.keys):

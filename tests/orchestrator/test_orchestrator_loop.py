@@ -350,6 +350,41 @@ def test_the_reconciler_enqueues_running_turns_whose_lease_is_gone(harness: Harn
             s.get(Turn, turn_id).status = "failed"  # type: ignore[union-attr]
 
 
+def test_one_orchestrator_per_interval_sweeps_for_orphans(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two orchestrators' reconcilers, on the same interval: one reads the running turns,
+    # the other skips the SQL read and the lease checks; once the interval is over, the
+    # other may (a sweeper that died passes its turn on).
+    h = harness
+    orphan = h.turn("a")
+    with h.sessions() as s, s.begin():
+        s.get(Turn, orphan).status = "running"  # type: ignore[union-attr]
+    h.runtime.events.append(h.conversation_id, "turn_queued", {"text": "a"}, orphan)
+    reads: list[str] = []
+    read_running = recovery.orphaned_turns
+
+    def counted(*args: Any, **kwargs: Any) -> list[str]:
+        reads.append("read")
+        return read_running(*args, **kwargs)
+
+    monkeypatch.setattr(recovery, "orphaned_turns", counted)
+    enqueued: list[str] = []
+    first, second = (
+        Reconciler(h.sessions, h.runtime.redis, h.runtime.keys, enqueued.append, 60, orphans_s=0.3)
+        for _ in range(2)
+    )
+
+    assert first.sweep_orphans() == [orphan]
+    assert second.sweep_orphans() == [] and reads == ["read"]
+    sweep_key = h.runtime.keys.orphan_sweep()
+    wait_for(lambda: not h.runtime.redis.exists(sweep_key), 5.0, "the sweep key to expire")
+    assert second.sweep_orphans() == []  # it swept; the orphan was enqueued moments ago
+    assert reads == ["read", "read"] and enqueued == [orphan]
+    with h.sessions() as s, s.begin():  # other tests share the database: leave no orphans
+        s.get(Turn, orphan).status = "failed"  # type: ignore[union-attr]
+
+
 def test_a_turn_that_ends_during_the_sweep_is_not_taken_for_an_orphan(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
