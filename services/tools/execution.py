@@ -213,9 +213,8 @@ def report(
         call_id=request.call_id, status=status, error=error, duration_ms=duration_ms
     )
     if retry_s is None:
-        publish(deps, request.turn_id, result)
-    else:
-        publish_retrying(deps.redis, deps.keys, request.turn_id, result, retry_s)
+        retry_s = deps.settings.result_publish_retry_s
+    publish_retrying(deps.redis, deps.keys, request.turn_id, result, retry_s)
     return result
 
 
