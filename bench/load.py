@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis
 import redis.asyncio as aioredis
 from celery import Celery
 from celery.result import AsyncResult, ResultSet
@@ -69,6 +70,7 @@ PER_CALL_TOOL = "count_calls"
 RUN_DEADLINE_S = 150.0  # every turn finished by then, or it is reported stuck
 QUICK_RUN_DEADLINE_S = 60.0
 CATCH_UP_S = 10.0  # after the last turn_finished: time for trailing events to arrive
+REDIS_TOP_COMMANDS = 12  # the most frequent Redis commands of a run, per turn, on the page
 ALONE_TURNS = 5  # baseline: the same turn alone, back to back
 QUICK_ALONE_TURNS = 1
 LOG_SAMPLES = 8  # distinct problem lines kept per process
@@ -347,6 +349,29 @@ def _cpu(env: BenchEnv) -> dict[str, float]:
     return used
 
 
+def _redis_calls(env: BenchEnv) -> dict[str, int]:
+    """Commands the run's Redis has served so far, by name (``INFO commandstats``)."""
+    client = redis.Redis.from_url(env.redis_url)
+    try:
+        stats: dict[str, dict[str, Any]] = client.info("commandstats")
+    finally:
+        client.close()
+    return {name.removeprefix("cmdstat_"): int(s["calls"]) for name, s in stats.items()}
+
+
+def _redis_per_turn(before: dict[str, int], after: dict[str, int], turns: int) -> dict[str, Any]:
+    """Redis commands per turn over the run, all and the most frequent: unlike CPU seconds,
+    a count that does not move with the machine's speed or its other load."""
+    made = {name: calls - before.get(name, 0) for name, calls in after.items()}
+    made = {name: n for name, n in made.items() if n > 0 and name != "info"}
+    per_turn = max(1, turns)
+    top = sorted(made.items(), key=lambda item: -item[1])[:REDIS_TOP_COMMANDS]
+    return {
+        "total": round(sum(made.values()) / per_turn, 1),
+        "by_command": {name: round(n / per_turn, 1) for name, n in top},
+    }
+
+
 def _stack_cpu_ms(cpu_s: dict[str, float], turns: int) -> float:
     """CPU per turn of the stack's processes (not the bench's clients and fake model)."""
     return sum(v for k, v in cpu_s.items() if k != BENCH_PROCESS) * 1000 / max(1, turns)
@@ -592,11 +617,11 @@ def load(
         alone = _alone(env, stack.urls, QUICK_ALONE_TURNS if quick else ALONE_TURNS, tool)
         logs_before = _log_sizes(env)
         clients = _clients(env, stack.urls, n, tool)
-        cpu_before = _cpu(env)
+        cpu_before, redis_before = _cpu(env), _redis_calls(env)
         began = time.monotonic()
         asyncio.run(_drive(env, clients, deadline_s))
         wall_s = time.monotonic() - began
-        cpu_after = _cpu(env)
+        cpu_after, redis_after = _cpu(env), _redis_calls(env)
         problems = _log_problems(env, logs_before)
         hops = _hops(env, logs_before, n)
     finally:
@@ -605,6 +630,7 @@ def load(
     bare = _bare_celery(env, stack, hops)
     result = _result(env, clients, alone, wall_s, problems, stack, cpu_s, tool)
     result.extra.update(_cpu_extra(cpu_s, n, hops, bare))
+    result.extra["redis_commands_per_turn"] = _redis_per_turn(redis_before, redis_after, n)
     return [result]
 
 

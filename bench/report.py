@@ -249,6 +249,14 @@ def _load_cpu_table(x: dict[str, Any]) -> list[str]:
             f"{x.get('cpu_ratio_to_bare_celery')}x bare Celery's** (target ≤ 2.5x, issue 20)."
         )
         lines.append("")
+    commands = x.get("redis_commands_per_turn")
+    if commands:
+        top = ", ".join(f"`{name}` {n}" for name, n in commands["by_command"].items())
+        lines += [
+            f"Redis commands per turn: {commands['total']} (the most frequent: {top}). A count, "
+            "not a time: it does not move with the machine's speed or load.",
+            "",
+        ]
     return lines
 
 

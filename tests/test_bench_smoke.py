@@ -70,6 +70,10 @@ def test_bench_quick_run_writes_results_and_the_page(tmp_path: Path) -> None:
     assert bare["tasks"] == hops["run_turn_deliveries"] + hops["tool_calls"] == sum(bare["rounds"])
     assert set(bare["cpu_ms_per_turn"]) == {"workers", "redis", "producer (bench process)"}
     assert load["stack_cpu_ms_per_turn"] > 0 and load["cpu_ratio_to_bare_celery"] > 0
+    # Redis commands per turn: at least each turn's events appended to its stream.
+    commands = load["redis_commands_per_turn"]
+    per_turn = load["events_expected"] / conversations
+    assert commands["by_command"]["xadd"] >= per_turn and commands["total"] > per_turn
 
     page = (docs_dir / "benchmarks.md").read_text()
     assert machine["commit"] in page
@@ -81,6 +85,7 @@ def test_bench_quick_run_writes_results_and_the_page(tmp_path: Path) -> None:
         "## Load",
         "`load@",
         "bare Celery, the same hops",
+        "Redis commands per turn",
     ):
         assert label in page
     assert (docs_dir / "bench-latency.png").stat().st_size > 0
