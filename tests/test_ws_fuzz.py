@@ -37,7 +37,7 @@ from signalbox.shared.settings import GatewaySettings
 MAX_FRAME_BYTES = 16 * 1024  # small, so "huge" frames are cheap to make
 PROTOCOL_CLOSE_CODES = {1003, 1007, 1008, 1009, 1011, 1013}
 ERROR_CODES = set(get_args(ErrorCode))
-REPLY_TIMEOUT_S = 5.0
+REPLY_TIMEOUT_S = 30.0  # a hang still fails; a connect on loaded cores took 2.5 s
 START_TIMEOUT_S = 10.0
 
 

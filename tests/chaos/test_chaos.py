@@ -41,6 +41,9 @@ from .conftest import (
 # Kill → turn_resumed: the lease runs out (LEASE_S), then an orphan sweep (every 0.5 s)
 # or Celery's redelivery enqueues it; plus a second of scheduling on a busy 2-core machine.
 PICK_UP_S = 2 * LEASE_S + 2.0
+# Timed on the test's clock, which also holds the event's way to the client: what a
+# saturated 2-core machine adds to that (as test_failure_detection.py allows), never more.
+LOADED_ALLOWANCE_S = 5.0
 WAIT_STALL_S = 20.0
 
 
@@ -110,11 +113,11 @@ def test_orchestrator_killed_while_streaming_the_model(chaos: Chaos, user: Clien
     killed_at = time.monotonic()
     hang.release.set()  # the fake's handler finds the socket gone
 
-    user.wait(event("turn_resumed", turn_id), timeout_s=PICK_UP_S + 5, what="turn_resumed")
+    user.wait(event("turn_resumed", turn_id), timeout_s=PICK_UP_S + 30, what="turn_resumed")
     picked_up_s = time.monotonic() - killed_at
     done = user.wait(event("turn_finished", turn_id), what="turn_finished")
 
-    assert picked_up_s < PICK_UP_S, f"picked up after {picked_up_s:.1f} s"
+    assert picked_up_s < PICK_UP_S + LOADED_ALLOWANCE_S, f"picked up after {picked_up_s:.1f} s"
     assert done["data"]["status"] == "completed", done
     kinds = user.kinds(turn_id)
     assert kinds.count("turn_started") == 1 and kinds.count("turn_resumed") == 1
@@ -160,8 +163,8 @@ def test_orchestrator_killed_while_waiting_on_a_tool_batch(chaos: Chaos, user: C
     chaos.kill(runner)
     killed_at = time.monotonic()
 
-    user.wait(event("turn_resumed", turn_id), timeout_s=PICK_UP_S + 5, what="turn_resumed")
-    assert time.monotonic() - killed_at < PICK_UP_S
+    user.wait(event("turn_resumed", turn_id), timeout_s=PICK_UP_S + 30, what="turn_resumed")
+    assert time.monotonic() - killed_at < PICK_UP_S + LOADED_ALLOWANCE_S
     done = user.wait(event("turn_finished", turn_id), what="turn_finished")
 
     assert done["data"]["status"] == "completed", done
@@ -241,7 +244,9 @@ def test_a_tools_worker_killed_mid_call(chaos: Chaos, user: Client) -> None:
         [
             [
                 text("Three."),
-                tool_use("sleep", {"seconds": 1.5, "count_key": again}),  # idempotent
+                # Idempotent; 3 s, under TOOL_LIMIT_S, leaves the kill below time to land
+                # while it runs on a loaded machine (1.5 s did not always).
+                tool_use("sleep", {"seconds": 3.0, "count_key": again}),
                 tool_use("count_calls", {"key": once, "hold_s": 60}),  # not idempotent
                 tool_use("list_dir", {"path": "."}),
             ],

@@ -182,7 +182,7 @@ async def test_sse_resumes_from_last_event_id_and_follows_live(
     headers = {**bearer(token), "Last-Event-ID": ids[0]}
     url = f"{gateway.url}/api/conversations/{conversation_id}/stream"
     seen: list[str] = []
-    async with httpx.AsyncClient(timeout=5) as http, http.stream("GET", url, headers=headers) as r:
+    async with httpx.AsyncClient(timeout=30) as http, http.stream("GET", url, headers=headers) as r:
         assert r.status_code == 200
         lines = r.aiter_lines()
 
@@ -196,7 +196,7 @@ async def test_sse_resumes_from_last_event_id_and_follows_live(
             raise AssertionError("stream ended")
 
         for _ in range(2):
-            event_id, data = await asyncio.wait_for(next_event(), 5)
+            event_id, data = await asyncio.wait_for(next_event(), 30)
             assert data["id"] == event_id
             seen.append(event_id)
         live = _deltas(stream, conversation_id, ["d"])

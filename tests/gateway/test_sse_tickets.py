@@ -14,7 +14,7 @@ from signalbox.shared.event_stream import EventStream
 from tests.gateway.conftest import LiveGateway, bearer
 
 Users = Callable[[], tuple[str, str]]
-TIMEOUT_S = 5.0
+TIMEOUT_S = 30.0  # generous: a hang fails at it, a busy machine only waits
 
 
 def _ticket(gateway: LiveGateway, token: str) -> str:

@@ -201,12 +201,12 @@ async def test_cancel_marks_the_turn_and_publishes(
     _, other_token = make_user()
     pubsub = redis_client.pubsub()  # type: ignore[no-untyped-call]
     pubsub.subscribe(gateway.keys.control_channel)
-    assert pubsub.get_message(timeout=5)["type"] == "subscribe"
+    assert pubsub.get_message(timeout=30)["type"] == "subscribe"
     async with await connect(gateway, token) as ws:
         ack = await request(ws, {"type": "user_turn", "conversation_id": None, "text": "go"})
         reply = await request(ws, {"type": "cancel", "turn_id": ack["turn_id"]})
     assert reply["type"] == "ack"
-    message = pubsub.get_message(timeout=5)
+    message = pubsub.get_message(timeout=30)
     assert message is not None
     assert json.loads(message["data"]) == {"type": "cancel", "turn_id": ack["turn_id"]}
     pubsub.close()

@@ -102,7 +102,7 @@ def test_a_budget_crossed_mid_turn_refuses_the_next_turn_until_the_period_resets
                 {"type": "user_turn", "req": "r2"},  # a new conversation: not created either
             ):
                 ws.send(json.dumps({**frame, "text": "more"}))
-                reply = json.loads(ws.recv(timeout=5))
+                reply = json.loads(ws.recv(timeout=30))
                 assert (reply["type"], reply["code"]) == ("error", "budget_exceeded"), reply
         assert _counts(h) == before, "a refused turn stored nothing"
 

@@ -76,6 +76,8 @@ def deployment(
             "ANTHROPIC_BASE_URL": UNROUTABLE_BASE_URL,
             "PYTHONPATH": str(REPO),
             "SIGNALBOX_LEASE_S": str(LEASE_S),
+            # Renewed 4 times a lease: a runner stalled 1.5 s on loaded cores keeps it.
+            "SIGNALBOX_LEASE_RENEW_S": str(LEASE_S / 4),
         },
     )
     orchestrator = _orchestrator(env, logs, "orchestrator1")

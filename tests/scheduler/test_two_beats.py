@@ -67,19 +67,18 @@ def test_a_one_second_schedule_under_two_beats_runs_each_tick_once(
         session.commit()
 
     def counts() -> tuple[int, int, int]:
+        """Runs, distinct tick times and turns, in ONE statement: one snapshot, so a tick
+        committed while they are read cannot show as a turn without its run."""
+        runs = select(func.count()).where(ScheduleRun.schedule_id == schedule_id)
+        ticks = select(func.count(func.distinct(ScheduleRun.tick_at))).where(
+            ScheduleRun.schedule_id == schedule_id
+        )
+        turns = select(func.count()).where(Turn.client_turn_id.like(f"schedule:{schedule_id}:%"))
         with db_sessions() as session:
-            runs = session.scalar(
-                select(func.count()).where(ScheduleRun.schedule_id == schedule_id)
-            )
-            ticks = session.scalar(
-                select(func.count(func.distinct(ScheduleRun.tick_at))).where(
-                    ScheduleRun.schedule_id == schedule_id
-                )
-            )
-            turns = session.scalar(
-                select(func.count()).where(Turn.client_turn_id.like(f"schedule:{schedule_id}:%"))
-            )
-            return runs or 0, ticks or 0, turns or 0
+            row = session.execute(
+                select(runs.scalar_subquery(), ticks.scalar_subquery(), turns.scalar_subquery())
+            ).one()
+        return row[0] or 0, row[1] or 0, row[2] or 0
 
     # The beats sync SQL at start-up: the schedule is picked up without any message.
     wait_for(lambda: counts()[0] >= 1, 60, "the scheduler")

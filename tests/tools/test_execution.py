@@ -245,7 +245,7 @@ def test_the_running_time_is_measured_and_never_rounded_to_nothing(tool_env: Too
     quick = _run(tool_env, "echo", text="x")
     assert quick.status == "ok" and quick.duration_ms >= 1
     slow = _run(tool_env, "pause", text="0.2")
-    assert slow.status == "ok" and 200 <= slow.duration_ms < 2000
+    assert slow.status == "ok" and 200 <= slow.duration_ms < 20_000  # ms, not s or µs
 
 
 def test_a_claim_still_holds_on_a_redis_that_forgot_its_scripts(tool_env: ToolEnv) -> None:
