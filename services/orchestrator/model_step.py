@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
+from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from signalbox.services.orchestrator import (
@@ -360,10 +361,10 @@ def _store(
     shown.append(("assistant_message", {"text": text}))
     events: list[tuple[EventKind, Mapping[str, Any]]] = []
 
-    def deliveries(session: Session, calls: Sequence[ToolCall]) -> None:
+    def deliveries(conn: Connection, calls: Sequence[ToolCall]) -> None:
         step_events = [*shown, *_call_events(calls)]
         events.extend(runner.payloads(step_events))
-        runner.enqueue_hooks(session, events)
+        runner.enqueue_hooks(conn, events)
 
     msg, calls = store.store_step(
         sessions,

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy import (
+    Connection,
     CursorResult,
+    Engine,
     Table,
     Update,
     bindparam,
@@ -61,6 +64,19 @@ FINISHED_TURN_STATUSES = frozenset(
 SERVER, CLIENT, INLINE = Executor.SERVER, Executor.CLIENT, Executor.INLINE
 
 Sessions = sessionmaker[Session]
+
+
+def connect(sessions: Sessions) -> Connection:
+    """A bare connection of ``sessions``' engine, for Core statements alone (a ``Session``
+    costs about 0.1 ms more per use: its transaction's bookkeeping)."""
+    engine: Engine = sessions.kw["bind"]
+    return engine.connect()
+
+
+def transaction(sessions: Sessions) -> AbstractContextManager[Connection]:
+    """``engine.begin()`` of ``sessions``' engine: Core statements in one transaction."""
+    engine: Engine = sessions.kw["bind"]
+    return engine.begin()
 
 
 def utcnow() -> datetime:
@@ -397,8 +413,8 @@ def loop_state(sessions: Sessions, turn_id: str, root_turn_id: str) -> LoopState
     """The turn's step, its root's cancel flag, its latest assistant message's calls and
     whether its user has a token budget, in ONE statement (it was five: the message, its
     calls, the cancel flag, the step, the user's limits)."""
-    with sessions() as s:
-        rows = s.execute(_LOOP_STATE, {"turn_id": turn_id, "root_turn_id": root_turn_id}).all()
+    with connect(sessions) as conn:
+        rows = conn.execute(_LOOP_STATE, {"turn_id": turn_id, "root_turn_id": root_turn_id}).all()
     if not rows:
         raise LookupError(f"no turn {turn_id!r}")
     step, cancel, message_id, budgeted, _status = rows[0]
@@ -463,7 +479,7 @@ def store_step(
     output_tokens: int,
     request: ModelRequest | None = None,
     thinking: Sequence[dict[str, Any]] = (),
-    then: Callable[[Session, Sequence[ToolCall]], object] | None = None,
+    then: Callable[[Connection, Sequence[ToolCall]], object] | None = None,
 ) -> tuple[Message, list[ToolCall]]:
     """One model step: its assistant message, its calls and its usage, in one transaction
     (``request``: the model request's row, ``usage.py``). ``thinking``: the step's thinking
@@ -518,8 +534,8 @@ def store_step(
                 attempts=0,
             )
         )
-    with sessions() as s, s.begin():
-        step = s.scalar(
+    with transaction(sessions) as conn:
+        step = conn.scalar(
             _STEP_UPDATE,
             {
                 "step_turn_id": info.turn_id,
@@ -530,7 +546,7 @@ def store_step(
         if step is None:
             raise LookupError(f"no turn {info.turn_id!r}")
         msg.step = step
-        msg.seq = s.execute(
+        msg.seq = conn.execute(
             _STEP_MESSAGE,
             {
                 "id": msg.id,
@@ -546,14 +562,14 @@ def store_step(
             },
         ).scalar_one()
         if request is not None:
-            s.execute(insert(_requests), [request_values(request)])
+            conn.execute(insert(_requests), [request_values(request)])
         if calls:
-            s.execute(
+            conn.execute(
                 insert(_calls),
                 [{key: getattr(call, key) for key in _CALL_COLUMNS} for call in calls],
             )
         if then is not None:
-            then(s, calls)
+            then(conn, calls)
     return msg, calls
 
 
@@ -571,8 +587,8 @@ def mark_running(sessions: Sessions, calls: Sequence[ToolCall]) -> list[ToolCall
     if not calls:
         return []
     now = utcnow()
-    with sessions() as s, s.begin():
-        rows = s.execute(_MARK_RUNNING, {"ids": [c.id for c in calls], "now": now})
+    with transaction(sessions) as conn:
+        rows = conn.execute(_MARK_RUNNING, {"ids": [c.id for c in calls], "now": now})
         moved: dict[str, int] = {call_id: attempts for call_id, attempts in rows}
     started = []
     for call in calls:
@@ -640,13 +656,13 @@ class EndedCall:
     waited_ms: int = 0
 
 
-def _asked_at(s: Session, message_id: str) -> datetime | None:
+def _asked_at(s: Session | Connection, message_id: str) -> datetime | None:
     """When a call's step was stored: the moment a call needing a decision began to wait."""
     return s.scalar(select(Message.created_at).where(Message.id == message_id))
 
 
 def _waited_ms(
-    s: Session,
+    s: Session | Connection,
     message_id: str,
     decision: str | None,
     started_at: datetime | None,
@@ -674,7 +690,7 @@ def decision_wait_ms(sessions: Sessions, call: ToolCall) -> int:
 def record_results(
     sessions: Sessions,
     rows: Sequence[ResultRow],
-    then: Callable[[Session, list[EndedCall]], object] | None = None,
+    then: Callable[[Connection, list[EndedCall]], object] | None = None,
 ) -> list[EndedCall]:
     """Several calls' results in ONE transaction; returns the calls they ended, in order.
 
@@ -690,15 +706,15 @@ def record_results(
     for row in rows:
         first.setdefault(row.call_id, row)
     ended: list[EndedCall] = []
-    with sessions() as s, s.begin():
-        durations = _durations(s, list(first.values()), now)
-        done = _end_calls(s, list(first.values()), durations, now)
+    with transaction(sessions) as conn:
+        durations = _durations(conn, list(first.values()), now)
+        done = _end_calls(conn, list(first.values()), durations, now)
         for row in first.values():
             found = done.get(row.call_id)
             if found is None:
                 continue
             tool, message_id, decision, started_at, expires_at = found
-            waited = _waited_ms(s, message_id, decision, started_at, expires_at, now)
+            waited = _waited_ms(conn, message_id, decision, started_at, expires_at, now)
             ended.append(
                 EndedCall(
                     row.call_id,
@@ -711,11 +727,11 @@ def record_results(
                 )
             )
         if then is not None and ended:
-            then(s, ended)
+            then(conn, ended)
     return ended
 
 
-def _durations(s: Session, rows: Sequence[ResultRow], now: datetime) -> dict[str, int]:
+def _durations(s: Connection, rows: Sequence[ResultRow], now: datetime) -> dict[str, int]:
     """Each call's duration: as reported, else measured from its ``started_at``."""
     durations = {r.call_id: r.duration_ms for r in rows if r.duration_ms is not None}
     unknown = [r.call_id for r in rows if r.duration_ms is None]
@@ -730,7 +746,7 @@ _Ended = tuple[str, str, str | None, datetime | None, datetime | None]
 
 
 def _end_calls(
-    s: Session, rows: Sequence[ResultRow], durations: dict[str, int], now: datetime
+    s: Connection, rows: Sequence[ResultRow], durations: dict[str, int], now: datetime
 ) -> dict[str, _Ended]:
     """End every still-open call of ``rows`` in one statement (one per ``_END_BATCH``);
     what each ended call's row holds (tool, message, decision, started, expires), by id."""

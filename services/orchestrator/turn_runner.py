@@ -21,13 +21,14 @@ expiry (the reconciler) or a cancel enqueues it again. The model step itself is 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy import bindparam, select
+from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.orm import Session
 
 from signalbox.services.orchestrator import (
@@ -181,10 +182,12 @@ class TurnRunner:
         return payloads
 
     def enqueue_hooks(
-        self, session: Session, payloads: Sequence[tuple[EventKind, Mapping[str, Any]]]
+        self, db: Session | Connection, payloads: Sequence[tuple[EventKind, Mapping[str, Any]]]
     ) -> None:
-        """The webhook deliveries of these events, in ``session``'s transaction (which must
-        commit before the events go out: ``append_events``). The kinds the user's webhooks
+        """The webhook deliveries of these events, in ``db``'s transaction (which must
+        commit before the events go out: ``append_events``); on a bare connection (the
+        loop's hot writes, ``store.store_step``) a session joins its transaction only when
+        a delivery is due. The kinds the user's webhooks
         subscribe to are read at most every ``cancel_check_s`` (a turn's steps enqueue
         several times a second): a webhook added meanwhile gets the turn's events from the
         next read on, and ``enqueue`` reads the webhooks themselves (one deleted meanwhile
@@ -196,14 +199,17 @@ class TurnRunner:
         if self._webhook_kinds is None or now >= self._webhook_kinds[0]:
             found = frozenset(
                 str(kind)
-                for kinds in session.scalars(_WEBHOOK_KINDS, {"user_id": self.info.user_id})
+                for kinds in db.scalars(_WEBHOOK_KINDS, {"user_id": self.info.user_id})
                 for kind in kinds or ()
             )
             self._webhook_kinds = (now + self.rt.cancel_check_s, found)
         subscribed = self._webhook_kinds[1]
+        due = [(kind, data) for kind, data in hooked if kind in subscribed]
+        if not due:
+            return
         info = self.info
-        for kind, data in hooked:
-            if kind in subscribed:
+        with contextlib.nullcontext(db) if isinstance(db, Session) else Session(bind=db) as session:
+            for kind, data in due:
                 enqueue(session, info.user_id, info.conversation_id, kind, data, info.turn_id)
 
     def append_events(self, payloads: Sequence[tuple[EventKind, Mapping[str, Any]]]) -> None:
@@ -264,9 +270,9 @@ class TurnRunner:
             rows = self._after_tool(rows)
         announced: list[tuple[EventKind, Mapping[str, Any]]] = []
 
-        def deliveries(session: Session, ended: list[store.EndedCall]) -> None:
+        def deliveries(conn: Connection, ended: list[store.EndedCall]) -> None:
             announced.extend(self.payloads([self._finished_data(done) for done in ended]))
-            self.enqueue_hooks(session, announced)
+            self.enqueue_hooks(conn, announced)
 
         ended = store.record_results(self.rt.sessions, rows, then=deliveries)
         self.transcript.ended(ended)
