@@ -66,17 +66,22 @@ SERVER, CLIENT, INLINE = Executor.SERVER, Executor.CLIENT, Executor.INLINE
 Sessions = sessionmaker[Session]
 
 
+def _engine(sessions: Sessions) -> Engine:
+    engine = sessions.kw.get("bind")
+    if not isinstance(engine, Engine):  # every factory here: make_session_factory(engine)
+        raise TypeError(f"the session factory is bound to {engine!r}, not to an engine")
+    return engine
+
+
 def connect(sessions: Sessions) -> Connection:
     """A bare connection of ``sessions``' engine, for Core statements alone (a ``Session``
     costs about 0.1 ms more per use: its transaction's bookkeeping)."""
-    engine: Engine = sessions.kw["bind"]
-    return engine.connect()
+    return _engine(sessions).connect()
 
 
 def transaction(sessions: Sessions) -> AbstractContextManager[Connection]:
     """``engine.begin()`` of ``sessions``' engine: Core statements in one transaction."""
-    engine: Engine = sessions.kw["bind"]
-    return engine.begin()
+    return _engine(sessions).begin()
 
 
 def utcnow() -> datetime:

@@ -79,6 +79,17 @@ CATALOGUE_REUSE_S = 1.0
 WAITS_ON_SOMEONE = frozenset({CallState.NEEDS_DECISION, CallState.WAITING})
 
 
+def _joined(db: Session | Connection) -> contextlib.AbstractContextManager[Session]:
+    """A session in ``db``'s open transaction: ``db`` itself, or one joined to the
+    connection's (its close neither commits nor rolls back the caller's transaction; a
+    connection outside a transaction would let the session roll back what it wrote)."""
+    if isinstance(db, Session):
+        return contextlib.nullcontext(db)
+    if not db.in_transaction():
+        raise TypeError("webhook deliveries need the caller's open transaction")
+    return Session(bind=db, join_transaction_mode="rollback_only")
+
+
 class TurnRunner:
     """One pass over one turn (or a spawn_agent child turn), holding its root turn's lease."""
 
@@ -208,7 +219,7 @@ class TurnRunner:
         if not due:
             return
         info = self.info
-        with contextlib.nullcontext(db) if isinstance(db, Session) else Session(bind=db) as session:
+        with _joined(db) as session:
             for kind, data in due:
                 enqueue(session, info.user_id, info.conversation_id, kind, data, info.turn_id)
 
