@@ -21,7 +21,7 @@ from typing import Any
 
 from bench.environment import BenchEnv
 from bench.stats import Result, Series
-from bench.turns import TimedEvents, in_process_runtime, queued_turn
+from bench.turns import TimedEvents, in_process_runtime, queued_turn, stop_runtime
 from signalbox.services.orchestrator.loop import run_turn
 from signalbox.services.orchestrator.model import (
     ModelEvent,
@@ -92,8 +92,11 @@ def _one(env: BenchEnv, user_id: str, use_plan: bool, step_s: float) -> tuple[fl
     timed = runtime.events
     assert isinstance(timed, TimedEvents)
     turn_id = queued_turn(env, user_id)
-    started = time.perf_counter()
-    outcome = run_turn(runtime, turn_id)
+    try:
+        started = time.perf_counter()
+        outcome = run_turn(runtime, turn_id)
+    finally:  # its approvals feed's thread (it was left running: one per turn, to the end)
+        stop_runtime(runtime)
     if outcome != "completed" or timed.finished_at is None:
         raise RuntimeError(f"plans: the turn ended {outcome!r}")
     return timed.finished_at - started, model.requests
