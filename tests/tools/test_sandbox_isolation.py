@@ -36,8 +36,12 @@ from tests.tools.conftest import ToolEnv
 MIB = 1024 * 1024
 MEMORY_MB = 512
 SAMPLE_EVERY_S = 0.005  # how often the test samples the run's memory from outside
-SAMPLING_SLACK_MB = 64  # what reading /proc process by process may over-count
 CHILDREN, CHILD_MIB = 6, 400  # 2.4 GiB if each process is bounded on its own
+# What reading /proc process by process may over-count: one victim not yet torn down, read
+# in the same sweep as the child that took its place (64 MiB was passed by 82 on loaded
+# cores, where a sweep is slow). Still far under the 2.4 GiB of an unbounded run, and the
+# kernel's own peak is held to the exact limit (test_the_kernel_saw_the_run_stay_under_...).
+SAMPLING_SLACK_MB = CHILD_MIB
 
 
 @dataclass
@@ -281,7 +285,7 @@ def test_a_fork_and_allocate_run_is_bounded_as_a_whole(
         done.set()
         sampler.join()
     # Sampled one process at a time, so a victim still being torn down can be counted next to
-    # the child that took its place: a little slack. Unbounded, the run holds 2.4 GiB; the
+    # the child that took its place: one child's slack. Unbounded, the run holds 2.4 GiB; the
     # kernel's own peak is held to the exact limit below.
     limit = (MEMORY_MB + SAMPLING_SLACK_MB) * MIB
     assert peak >= CHILD_MIB * MIB // 2, "the sampler saw none of the run's memory"
