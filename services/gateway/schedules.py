@@ -109,7 +109,7 @@ def _insert(session: Session, user_id: str, spec: ScheduleIn) -> Schedule:
 
 async def _sync(gateway: Gateway, task: str, row_id: str) -> None:
     def send() -> None:
-        # The gateway reads no task's result (its Celery app has no result backend).
+        # Nobody reads the task's result: flagged so, the scheduler's worker stores none.
         gateway.celery.send_task(task, args=[row_id], queue=SCHEDULER_QUEUE, ignore_result=True)
 
     try:

@@ -661,13 +661,13 @@ class EndedCall:
     waited_ms: int = 0
 
 
-def _asked_at(s: Session | Connection, message_id: str) -> datetime | None:
+def _asked_at(conn: Connection, message_id: str) -> datetime | None:
     """When a call's step was stored: the moment a call needing a decision began to wait."""
-    return s.scalar(select(Message.created_at).where(Message.id == message_id))
+    return conn.scalar(select(Message.created_at).where(Message.id == message_id))
 
 
 def _waited_ms(
-    s: Session | Connection,
+    conn: Connection,
     message_id: str,
     decision: str | None,
     started_at: datetime | None,
@@ -679,7 +679,7 @@ def _waited_ms(
     ``expires_at`` and no ``started_at`` (a waiting client call has both)."""
     if decision is None and (expires_at is None or started_at is not None):
         return 0
-    asked = _asked_at(s, message_id)
+    asked = _asked_at(conn, message_id)
     if asked is None:
         return 0
     return _elapsed_ms(asked, as_utc(started_at) if started_at else now)
@@ -687,9 +687,9 @@ def _waited_ms(
 
 def decision_wait_ms(sessions: Sessions, call: ToolCall) -> int:
     """``waited_ms`` of a call that ended at its decision (denied, or expired undecided)."""
-    with sessions() as s:
+    with connect(sessions) as conn:
         end = as_utc(call.finished_at) if call.finished_at else utcnow()
-        return _waited_ms(s, call.message_id, call.decision or "?", None, None, end)
+        return _waited_ms(conn, call.message_id, call.decision or "?", None, None, end)
 
 
 def record_results(
@@ -736,13 +736,13 @@ def record_results(
     return ended
 
 
-def _durations(s: Connection, rows: Sequence[ResultRow], now: datetime) -> dict[str, int]:
+def _durations(conn: Connection, rows: Sequence[ResultRow], now: datetime) -> dict[str, int]:
     """Each call's duration: as reported, else measured from its ``started_at``."""
     durations = {r.call_id: r.duration_ms for r in rows if r.duration_ms is not None}
     unknown = [r.call_id for r in rows if r.duration_ms is None]
     if unknown:
         query = select(_calls.c.id, _calls.c.started_at).where(_calls.c.id.in_(unknown))
-        started: dict[str, datetime | None] = {cid: at for cid, at in s.execute(query)}
+        started: dict[str, datetime | None] = {cid: at for cid, at in conn.execute(query)}
         durations.update({cid: _elapsed_ms(started.get(cid), now) for cid in unknown})
     return durations
 
@@ -751,7 +751,7 @@ _Ended = tuple[str, str, str | None, datetime | None, datetime | None]
 
 
 def _end_calls(
-    s: Connection, rows: Sequence[ResultRow], durations: dict[str, int], now: datetime
+    conn: Connection, rows: Sequence[ResultRow], durations: dict[str, int], now: datetime
 ) -> dict[str, _Ended]:
     """End every still-open call of ``rows`` in one statement (one per ``_END_BATCH``);
     what each ended call's row holds (tool, message, decision, started, expires), by id."""
@@ -765,7 +765,7 @@ def _end_calls(
             params[f"o{k}"] = row.output
             params[f"e{k}"] = row.error
             params[f"d{k}"] = durations[row.call_id]
-        ended = s.execute(_end_statement(len(batch)), params)
+        ended = conn.execute(_end_statement(len(batch)), params)
         done.update({cid: cast(_Ended, tuple(rest)) for cid, *rest in ended})
     return done
 

@@ -198,8 +198,8 @@ class TurnRunner:
         """The webhook deliveries of these events, in ``db``'s transaction (which must
         commit before the events go out: ``append_events``); on a bare connection (the
         loop's hot writes, ``store.store_step``) a session joins its transaction only when
-        a delivery is due. The kinds the user's webhooks
-        subscribe to are read at most every ``cancel_check_s`` (a turn's steps enqueue
+        a delivery is due. The kinds the user's webhooks subscribe to are read at most
+        every ``cancel_check_s`` (a turn's steps enqueue
         several times a second): a webhook added meanwhile gets the turn's events from the
         next read on, and ``enqueue`` reads the webhooks themselves (one deleted meanwhile
         gets nothing). None subscribed, nothing more is read."""

@@ -175,9 +175,12 @@ def claim(deps: Deps, call_id: str, idempotent: bool) -> Claim:
     return claim_call(deps.redis, deps.keys, call_id, ttl_s, rerun=idempotent)
 
 
-def publish(deps: Deps, turn_id: str, result: ToolResult) -> None:
-    """Put ``result`` on its turn's result stream, riding out a Redis blip."""
-    publish_retrying(deps.redis, deps.keys, turn_id, result, deps.settings.result_publish_retry_s)
+def publish(deps: Deps, turn_id: str, result: ToolResult, retry_s: float | None = None) -> None:
+    """Put ``result`` on its turn's result stream, riding out a Redis blip of up to
+    ``retry_s`` (the setting's ``result_publish_retry_s`` unless given)."""
+    if retry_s is None:
+        retry_s = deps.settings.result_publish_retry_s
+    publish_retrying(deps.redis, deps.keys, turn_id, result, retry_s)
 
 
 def _bad_request(raw: Mapping[str, Any], exc: ValidationError, deps: Deps) -> ToolResult | None:
@@ -212,9 +215,7 @@ def report(
     result = ToolResult(
         call_id=request.call_id, status=status, error=error, duration_ms=duration_ms
     )
-    if retry_s is None:
-        retry_s = deps.settings.result_publish_retry_s
-    publish_retrying(deps.redis, deps.keys, request.turn_id, result, retry_s)
+    publish(deps, request.turn_id, result, retry_s)
     return result
 
 

@@ -219,12 +219,16 @@ async def events_until(
     return events
 
 
+def queued_messages(client: redis.Redis, keys: RedisKeys, queue: str) -> list[dict[str, Any]]:
+    """The Celery messages waiting on this deployment's ``queue``, oldest first."""
+    raws: Any = client.lrange(f"{keys.prefix}{queue}", 0, -1)
+    return [json.loads(raw) for raw in reversed(raws)]  # kombu LPUSHes and BRPOPs
+
+
 def queued_turn_tasks(client: redis.Redis, keys: RedisKeys) -> list[tuple[str, list[Any]]]:
     """(task name, args) of each message on this deployment's orchestrator queue, oldest first."""
-    messages: Any = client.lrange(f"{keys.prefix}{ORCHESTRATOR_QUEUE}", 0, -1)
     found = []
-    for raw in reversed(messages):  # kombu LPUSHes and BRPOPs: the oldest is last
-        message = json.loads(raw)
+    for message in queued_messages(client, keys, ORCHESTRATOR_QUEUE):
         args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
         found.append((message["headers"]["task"], args))
     return found

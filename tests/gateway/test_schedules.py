@@ -3,10 +3,9 @@ schedule, the shapes answered, bad input refused with 422, and another user's id
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 import httpx
 import pytest
@@ -17,7 +16,7 @@ from signalbox.shared.celery_app import SCHEDULER_QUEUE
 from signalbox.shared.db import Alarm, ScheduleRun
 from signalbox.shared.ids import new_id
 
-from .conftest import LiveGateway, bearer
+from .conftest import LiveGateway, bearer, queued_messages
 
 SCHEDULE_FIELDS = {
     "id", "name", "kind", "interval_s", "at", "cron", "timezone", "active_from_hour",
@@ -37,8 +36,7 @@ def test_the_scheduler_is_told_with_no_celery_result_kept(
     _user_id, token = make_user()
     created = _create(gateway, token, kind="interval", interval_s=3600, prompt="Tidy up")
     assert created.status_code == 201, created.text
-    queue = f"{gateway.keys.prefix}{SCHEDULER_QUEUE}"
-    sent = [json.loads(raw) for raw in cast(list[bytes], redis_client.lrange(queue, 0, -1))]
+    sent = queued_messages(redis_client, gateway.keys, SCHEDULER_QUEUE)
     [message] = [m for m in sent if created.json()["id"] in m["headers"]["argsrepr"]]
     assert message["headers"]["ignore_result"] is True
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any
 
 import httpx
 import pytest
@@ -25,6 +25,7 @@ from tests.gateway.conftest import (
     bearer,
     connect,
     events_until,
+    queued_messages,
     queued_turn_tasks,
     recv,
     request,
@@ -86,8 +87,7 @@ async def test_run_turn_is_sent_with_no_celery_result_kept(
     _user_id, token = make_user()
     async with await connect(gateway, token) as ws:
         ack = await request(ws, {"type": "user_turn", "conversation_id": None, "text": "hi"})
-    queue = f"{gateway.keys.prefix}{ORCHESTRATOR_QUEUE}"
-    sent = [json.loads(raw) for raw in cast(list[bytes], redis_client.lrange(queue, 0, -1))]
+    sent = queued_messages(redis_client, gateway.keys, ORCHESTRATOR_QUEUE)
     [message] = [m for m in sent if ack["turn_id"] in m["headers"]["argsrepr"]]
     assert message["headers"]["ignore_result"] is True
     state: Gateway = gateway.app.state.gateway
