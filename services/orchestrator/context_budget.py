@@ -64,19 +64,28 @@ _ATTACHMENT_MARKERS = ('"type": "image"', '"type": "document"')
 REQUEST_FRAMING_TOKENS = 2_000
 
 
-def surely_fits(parts: Any, limit_tokens: int) -> bool:
+def json_bytes(value: Any) -> int | None:
+    """The UTF-8 bytes of ``value``'s JSON, or None when it holds an attachment (priced by
+    its pixels and pages, not its bytes: see ``surely_fits``)."""
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    if any(marker in text for marker in _ATTACHMENT_MARKERS):
+        return None
+    return len(text.encode())
+
+
+def surely_fits(parts: Any, limit_tokens: int, known_bytes: int = 0) -> bool:
     """True when ``parts`` (system, tools, messages) fit ``limit_tokens`` whatever the
     tokenizer: a token is at least one byte of text, so a request of fewer UTF-8 bytes than
     the limit (less ``REQUEST_FRAMING_TOKENS``) cannot exceed it. Attachments are priced by
     their pixels and pages, not their bytes: a request holding one is never sure here.
+    ``known_bytes``: the ``json_bytes`` of the rest of the request, measured before (the
+    system prompt and the tools, the same at every step of a turn).
 
     Exact counting (``token_count.py``, a ``count_tokens`` round trip per step) matters only
     where the answer could be no; most turns are far from the window.
     """
-    text = json.dumps(parts, ensure_ascii=False, default=str)
-    if any(marker in text for marker in _ATTACHMENT_MARKERS):
-        return False
-    return len(text.encode()) + REQUEST_FRAMING_TOKENS <= limit_tokens
+    size = json_bytes(parts)
+    return size is not None and known_bytes + size + REQUEST_FRAMING_TOKENS <= limit_tokens
 
 
 def attachment_tokens(block: Any) -> int | None:

@@ -54,6 +54,7 @@ from signalbox.services.orchestrator.context_budget import (
     blocks,
     estimate_tokens,
     fit,
+    json_bytes,
     surely_fits,
 )
 from signalbox.services.orchestrator.context_window import input_budget, window_tokens
@@ -184,7 +185,13 @@ def request(runner: TurnRunner, offered: dict[str, Offer], harder: bool = False)
     window = window_tokens(runner.agent.model, settings.context_window_tokens)
     fits = input_budget(window, output_tokens(runner.agent))
     budget, cap = min(settings.context_tokens, fits), settings.tool_output_max_chars
-    if counter is not None and not harder and surely_fits([system, tool_dicts, messages], budget):
+    fixed = _fixed_bytes(runner, system, tools, tool_dicts) if counter is not None else None
+    if (
+        counter is not None
+        and not harder
+        and fixed is not None
+        and surely_fits(messages, budget, fixed)
+    ):
         # Nothing will be cut whatever the count: the estimate decides the same, and the
         # step saves the API's count_tokens round trip.
         counter = None
@@ -226,6 +233,19 @@ def _tools_estimate(
     tokens = estimate_tokens(tool_dicts)
     runner.tools_tokens = (tools, tokens)
     return tokens
+
+
+def _fixed_bytes(
+    runner: TurnRunner, system: str, tools: list[ToolDef], tool_dicts: list[dict[str, Any]]
+) -> int | None:
+    """The JSON bytes of the system prompt and the tools offered (``surely_fits``), measured
+    again only when they change: most of a request's bytes, the same at every step."""
+    cached = runner.fixed_bytes
+    if cached is not None and cached[0] == system and cached[1] == tools:
+        return cached[2]
+    size = json_bytes([system, tool_dicts])
+    runner.fixed_bytes = (system, tools, size)
+    return size
 
 
 def output_tokens(agent: AgentSpec) -> int:

@@ -123,6 +123,8 @@ class TurnRunner:
         )
         # The tools its last step offered and their estimated tokens (model_step.py).
         self.tools_tokens: tuple[list[ToolDef], int] | None = None
+        # The JSON bytes of its last step's system prompt and tools (model_step.py).
+        self.fixed_bytes: tuple[str, list[ToolDef], int | None] | None = None
         # The live catalogue as its last step's offers read it, and when (``step_catalogue``).
         self._catalogue: tuple[float, dict[str, ToolSpec]] | None = None
         # The loop's state as this runner's own last move left it (a step it stored), so the

@@ -95,6 +95,28 @@ def test_a_turn_that_surely_fits_its_budget_asks_for_no_count(
     assert fake_anthropic.count_requests == [], "a few hundred bytes in a 150,000-token budget"
 
 
+def test_tools_that_fill_the_budget_are_counted_at_every_step(
+    harness: Harness, fake_anthropic: FakeAnthropic
+) -> None:
+    # The messages alone are a few hundred bytes; the tool's schema, measured once a turn
+    # and not again at each step, holds 6,000: the request may not fit, so it is counted.
+    h = _counting(harness, fake_anthropic)
+    schema = {"type": "object", "description": "a wide schema " * 430}
+    h.catalogue(spec("read_file", side_effect="read").model_copy(update={"input_schema": schema}))
+    budget = REQUEST_FRAMING_TOKENS + 3_000
+    h.runtime.settings = h.runtime.settings.model_copy(update={"context_tokens": budget})
+    fake_anthropic.script(
+        [[text("Reading."), tool_use("read_file", {"path": "f.txt"})], [text("Answer.")]]
+    )
+
+    assert h.run(h.turn("question", seq=1)) == "completed"
+
+    assert len(fake_anthropic.requests) == 2
+    counted = [json.dumps(r.body) for r in fake_anthropic.count_requests]
+    assert any("a wide schema" in body for body in counted), "the first step is counted"
+    assert any("f.txt" in body for body in counted), "so is the second (its new blocks)"
+
+
 def test_surely_fits_bounds_tokens_by_bytes_not_by_the_estimate() -> None:
     # A token is at least a byte: 3,000 three-byte characters may be up to 9,000 tokens,
     # though the characters / 4 estimate says 750.
