@@ -47,6 +47,7 @@ from signalbox.services.gateway.state import Gateway
 from signalbox.services.gateway.webhook_deliverer import WebhookDeliverer
 from signalbox.shared.body_limit import BodyLimit
 from signalbox.shared.file_modes import keep_new_files_private
+from signalbox.shared.gc_freeze import freeze_startup_objects
 from signalbox.shared.log_config import configure_logging
 from signalbox.shared.settings import GatewaySettings, SettingsError, load
 from signalbox.shared.tracing import configure_tracing, fastapi_telemetry, shutdown_tracing
@@ -169,7 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging("gateway", settings.log_level, settings.log_format)
     configure_tracing("signalbox-gateway")  # before the app: its clients are instrumented
     try:
-        uvicorn.Server(server_config(create_app(settings), settings, args.host, args.port)).run()
+        app = create_app(settings)
+        freeze_startup_objects()  # built: what exists now lives as long as the process
+        uvicorn.Server(server_config(app, settings, args.host, args.port)).run()
     finally:
         shutdown_tracing()
     return 0

@@ -27,6 +27,7 @@ from signalbox.services.proposals.routes import router
 from signalbox.services.proposals.sweeper import Sweeper
 from signalbox.shared.body_limit import BodyLimit
 from signalbox.shared.file_modes import keep_new_files_private
+from signalbox.shared.gc_freeze import freeze_startup_objects
 from signalbox.shared.log_config import configure_logging
 from signalbox.shared.settings import ProposalsSettings, SettingsError, load
 from signalbox.shared.tracing import configure_tracing, fastapi_telemetry, shutdown_tracing
@@ -99,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_tracing("signalbox-proposals")  # before the app: its clients are instrumented
     try:
         app = create_app(settings)
+        freeze_startup_objects()  # built: what exists now lives as long as the process
         # log_config=None: uvicorn leaves logging as configure_logging set it.
         uvicorn.run(
             app, host=args.host, port=args.port, access_log=False, lifespan="on", log_config=None

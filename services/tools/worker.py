@@ -24,6 +24,7 @@ from signalbox.services.tools.heartbeat import CallHeartbeat
 from signalbox.services.tools.sandbox import protect_worker, unavailable
 from signalbox.services.tools.task_events import BatchedTaskEvents
 from signalbox.shared.celery_app import SANDBOX_QUEUE, make_celery
+from signalbox.shared.gc_freeze import freeze_startup_objects
 from signalbox.shared.log_config import celery_logging
 from signalbox.shared.metrics import serve_worker_metrics
 from signalbox.shared.redis_clients import sync_client
@@ -77,6 +78,12 @@ def _refuse_an_unconfined_sandbox(sender: Any, **_: Any) -> None:
             "SIGNALBOX_SANDBOX=off to serve no run_python at all."
         )
         raise SystemExit(message)  # celery's signal dispatch swallows Exceptions, not this
+
+
+@worker_init.connect
+def _freeze(**_: Any) -> None:
+    # Before the pool forks its children: they inherit the frozen objects, and share them.
+    freeze_startup_objects()
 
 
 @worker_ready.connect
