@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, bindparam, exists, func, select, update
+from sqlalchemy import Connection, and_, bindparam, exists, func, select, update
 from sqlalchemy.orm import Session, aliased
 
 from signalbox.shared.db import AdmissionLock, Turn, UserLimits
@@ -106,23 +106,24 @@ def _lock(session: Session) -> None:
         session.execute(_TAKE_LOCK)
 
 
-def _waiting(deployment: str) -> Any:
-    return (
-        select(Turn.id)
-        .where(
-            Turn.deployment == deployment,
-            Turn.status == TurnState.QUEUED,
-            Turn.admitted_at.is_(None),
-            Turn.parent_call_id.is_(None),
-        )
-        .exists()
+# Built once, the deployment bound: asked each time a turn ends.
+_ANYONE_WAITING = select(
+    select(Turn.id)
+    .where(
+        Turn.deployment == bindparam("deployment"),
+        Turn.status == TurnState.QUEUED,
+        Turn.admitted_at.is_(None),
+        Turn.parent_call_id.is_(None),
     )
+    .exists()
+)
 
 
-def anyone_waiting(session: Session, deployment: str) -> bool:
+def anyone_waiting(db: Session | Connection, deployment: str) -> bool:
     """Whether any of ``deployment``'s turns waits for a slot (one indexed ``EXISTS`` on
-    ``ix_turns_waiting``, no lock): when none does, a freed slot needs no pass."""
-    return bool(session.scalar(select(_waiting(deployment))))
+    ``ix_turns_waiting``, no lock): when none does, a freed slot needs no pass. On a bare
+    connection too (the orchestrator asks it after every turn)."""
+    return bool(db.scalar(_ANYONE_WAITING, {"deployment": deployment}))
 
 
 _RUNNING_BY_USER = (
