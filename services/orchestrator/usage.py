@@ -105,12 +105,8 @@ def turn_usage(sessions: Sessions, turn: Turn) -> dict[str, Any]:
 
 def usage_in(session: Session, turn: Turn) -> dict[str, Any]:
     """``turn_usage`` read in ``session`` (the transaction that finishes the turn)."""
-    scope = (
-        ModelRequest.turn_id == turn.id
-        if turn.parent_call_id is not None
-        else ModelRequest.root_turn_id == turn.id
-    )
-    used = db_usage.total(session, scope)
+    # A sub-agent's turn: its own requests; a user's turn: with its sub-agents'.
+    used = db_usage.turn_total(session, turn.id, with_sub_agents=turn.parent_call_id is None)
     return {
         "input_tokens": used.input_tokens,
         "output_tokens": used.output_tokens,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import ColumnElement, func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from signalbox.shared.db.models import ModelRequest
@@ -64,9 +64,17 @@ def _usage_sum(key: str | None, sums: Sequence[Any]) -> UsageSum:
     )
 
 
-def total(session: Session, *where: ColumnElement[bool]) -> UsageSum:
-    """The sum over the requests matching every condition in ``where``."""
-    return _usage_sum(None, session.execute(select(*_SUMS).where(*where)).one())
+# A turn's sums, asked as it finishes: built once, the turn bound (``select`` of the seven
+# sums built anew and keyed for the statement cache cost more than running it).
+_TURN_SUMS = select(*_SUMS).where(ModelRequest.turn_id == bindparam("turn_id"))
+_ROOT_TURN_SUMS = select(*_SUMS).where(ModelRequest.root_turn_id == bindparam("turn_id"))
+
+
+def turn_total(session: Session, turn_id: str, *, with_sub_agents: bool) -> UsageSum:
+    """The sum over one turn's own requests, or (``with_sub_agents``) over those it paid
+    for: its own and its sub-agents' (``root_turn_id``)."""
+    statement = _ROOT_TURN_SUMS if with_sub_agents else _TURN_SUMS
+    return _usage_sum(None, session.execute(statement, {"turn_id": turn_id}).one())
 
 
 def summarize(
