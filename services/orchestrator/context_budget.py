@@ -74,7 +74,7 @@ def json_bytes(value: Any) -> int | None:
 
 
 def surely_fits(parts: Any, limit_tokens: int, known_bytes: int = 0) -> bool:
-    """True when ``parts`` (system, tools, messages) fit ``limit_tokens`` whatever the
+    """True when ``parts`` of a request (its messages, say) fit ``limit_tokens`` whatever the
     tokenizer: a token is at least one byte of text, so a request of fewer UTF-8 bytes than
     the limit (less ``REQUEST_FRAMING_TOKENS``) cannot exceed it. Attachments are priced by
     their pixels and pages, not their bytes: a request holding one is never sure here.

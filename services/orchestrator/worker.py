@@ -4,14 +4,12 @@ tool results; tool time limits are enforced on the (prefork) tool workers."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from celery.signals import worker_ready
 
 from signalbox.services.orchestrator.hooks import load_hooks
 from signalbox.services.orchestrator.policy import load_policy
 from signalbox.shared.celery_app import make_celery
-from signalbox.shared.gc_freeze import freeze_startup_objects
+from signalbox.shared.gc_freeze import freeze_when_started
 from signalbox.shared.log_config import celery_logging
 from signalbox.shared.metrics import serve_worker_metrics
 from signalbox.shared.settings import OrchestratorSettings, load
@@ -26,8 +24,4 @@ app = make_celery(
 )
 serve_worker_metrics(app, settings)  # on SIGNALBOX_METRICS_PORT, when set
 trace_celery_worker("signalbox-orchestrator")
-
-
-@worker_ready.connect
-def _freeze(**_: Any) -> None:
-    freeze_startup_objects()  # started: what exists now lives as long as the process
+freeze_when_started(worker_ready, app)  # started: what exists then lives as long as it

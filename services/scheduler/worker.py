@@ -4,7 +4,10 @@ run with one beat ticking; the worker side runs the ticks and the store syncs.""
 
 from __future__ import annotations
 
+from celery.signals import worker_ready
+
 from signalbox.shared.celery_app import SCHEDULER_QUEUE, make_celery
+from signalbox.shared.gc_freeze import freeze_when_started
 from signalbox.shared.log_config import celery_logging
 from signalbox.shared.metrics import serve_worker_metrics
 from signalbox.shared.redis_clients import redbeat_config
@@ -30,3 +33,4 @@ app.conf.update(
     redbeat_lock_timeout=BEAT_LOCK_TIMEOUT_S,
 )
 serve_worker_metrics(app, settings)  # on SIGNALBOX_METRICS_PORT, when set
+freeze_when_started(worker_ready, app)  # started: what exists then lives as long as it

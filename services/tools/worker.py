@@ -24,7 +24,7 @@ from signalbox.services.tools.heartbeat import CallHeartbeat
 from signalbox.services.tools.sandbox import protect_worker, unavailable
 from signalbox.services.tools.task_events import BatchedTaskEvents
 from signalbox.shared.celery_app import SANDBOX_QUEUE, make_celery
-from signalbox.shared.gc_freeze import freeze_startup_objects
+from signalbox.shared.gc_freeze import freeze_when_started
 from signalbox.shared.log_config import celery_logging
 from signalbox.shared.metrics import serve_worker_metrics
 from signalbox.shared.redis_clients import sync_client
@@ -41,6 +41,8 @@ app = make_celery("signalbox-tools", settings, include=["signalbox.services.tool
 trace_celery_worker("signalbox-tools")
 app.steps["consumer"].add(BatchedTaskEvents)  # task events in batches (task_events.py)
 registry = worker_tools(settings)
+# At worker_init, before the pool forks: its processes inherit the frozen objects.
+freeze_when_started(worker_init, app)
 # Prefork: the pool children's runs are summed from files (prometheus_client multiprocess).
 serve_worker_metrics(
     app,
@@ -78,12 +80,6 @@ def _refuse_an_unconfined_sandbox(sender: Any, **_: Any) -> None:
             "SIGNALBOX_SANDBOX=off to serve no run_python at all."
         )
         raise SystemExit(message)  # celery's signal dispatch swallows Exceptions, not this
-
-
-@worker_init.connect
-def _freeze(**_: Any) -> None:
-    # Before the pool forks its children: they inherit the frozen objects, and share them.
-    freeze_startup_objects()
 
 
 @worker_ready.connect

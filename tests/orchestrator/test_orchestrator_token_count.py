@@ -14,6 +14,7 @@ from signalbox.services.orchestrator.context_budget import (
     surely_fits,
 )
 from signalbox.services.orchestrator.token_count import ApiTokenCounter
+from signalbox.shared.tool_contract import ToolCallRequest, ToolResult
 from tests.fake_anthropic import FakeAnthropic, text, tool_use
 from tests.fake_prompt_cache import proxy_tokens
 
@@ -115,6 +116,42 @@ def test_tools_that_fill_the_budget_are_counted_at_every_step(
     counted = [json.dumps(r.body) for r in fake_anthropic.count_requests]
     assert any("a wide schema" in body for body in counted), "the first step is counted"
     assert any("f.txt" in body for body in counted), "so is the second (its new blocks)"
+
+
+def test_tools_that_grow_during_a_turn_are_measured_again(
+    harness: Harness, fake_anthropic: FakeAnthropic
+) -> None:
+    # Step 1 offers a small tool and surely fits (no count); while its call runs, a worker
+    # starts serving a tool whose schema fills the budget: step 2 must be counted.
+    h = _counting(harness, fake_anthropic)
+    # Step 1's request (the built-in tools, read_file, the question) is about 3,100 bytes.
+    budget = REQUEST_FRAMING_TOKENS + 4_500
+    h.runtime.settings = h.runtime.settings.model_copy(update={"context_tokens": budget})
+    wide = spec("wide_tool", side_effect="read").model_copy(
+        update={"input_schema": {"type": "object", "description": "a wide schema " * 430}}
+    )
+    small = spec("read_file", side_effect="read")
+
+    counted_in_step_1: list[int] = []
+
+    def read_and_grow(request: ToolCallRequest) -> ToolResult:
+        counted_in_step_1.append(len(fake_anthropic.count_requests))
+        h.catalogue(small, wide)
+        return ToolResult(call_id=request.call_id, status="ok", output="contents", duration_ms=1)
+
+    h.dispatcher.tools["read_file"] = read_and_grow
+    fake_anthropic.script(
+        [[text("Reading."), tool_use("read_file", {"path": "f.txt"})], [text("Answer.")]]
+    )
+
+    assert h.run(h.turn("question", seq=1)) == "completed"
+
+    assert len(fake_anthropic.requests) == 2
+    assert "wide_tool" not in json.dumps(fake_anthropic.requests[0].body["tools"])
+    assert counted_in_step_1 == [0], "step 1 surely fits: no count"
+    counted = [json.dumps(r.body) for r in fake_anthropic.count_requests]
+    assert counted, "step 2 offers the wide tool: it may not fit, so it is counted"
+    assert any("a wide schema" in body for body in counted)
 
 
 def test_surely_fits_bounds_tokens_by_bytes_not_by_the_estimate() -> None:

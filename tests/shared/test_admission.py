@@ -11,7 +11,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import Connection, Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.shared.admission import Limits, admit, anyone_waiting, waiting_by_user
@@ -55,6 +55,12 @@ class Queue:
             )
             s.add(turn)
         return turn.id
+
+    def connect(self) -> Connection:
+        """A bare connection of the sessions' engine (the orchestrator's ``store.connect``)."""
+        engine = self.sessions.kw["bind"]
+        assert isinstance(engine, Engine)
+        return engine.connect()
 
     def admit(self, limits: Limits, delivered: str | None = None) -> list[str]:
         with self.sessions() as s, s.begin():
@@ -226,8 +232,8 @@ def test_skipping_the_pass_when_none_waits_strands_no_turn(
     admitted: list[str] = []
 
     def orchestrator_check() -> None:
-        with queue.sessions() as s:
-            waiting = anyone_waiting(s, queue.deployment)
+        with queue.connect() as conn:  # a bare connection, as the orchestrator asks it
+            waiting = anyone_waiting(conn, queue.deployment)
         if waiting:
             admitted.extend(queue.admit(limits))
 
@@ -261,8 +267,8 @@ def test_racing_checks_and_inserts_leave_no_turn_waiting_for_a_free_slot(
         try:
             start.wait(timeout=30)
             queue.set(turn_id, status=TurnState.COMPLETED)
-            with queue.sessions() as s:
-                waiting = anyone_waiting(s, queue.deployment)
+            with queue.connect() as conn:  # a bare connection, as the orchestrator asks it
+                waiting = anyone_waiting(conn, queue.deployment)
             if waiting:
                 queue.admit(limits)
         except BaseException as exc:
