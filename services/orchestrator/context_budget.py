@@ -35,12 +35,17 @@ def estimate_tokens(value: Any) -> int:
     """Rough token count of anything JSON-serialisable (characters / 4; an attachment
     block by ``attachment_tokens``)."""
     if isinstance(value, list | dict) and attachment_tokens(value) is None:
-        # An attachment block is a dict whose "type" is "image" or "document", so its JSON
-        # holds one of the markers; without them (most transcripts) no walk is needed.
-        text = json.dumps(value, ensure_ascii=False, default=str)
-        if not any(marker in text for marker in _ATTACHMENT_MARKERS):
+        text = _plain_json(value)  # most transcripts hold no attachment: no walk needed
+        if text is not None:
             return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
     return _estimate_walk(value)
+
+
+def _plain_json(value: Any) -> str | None:
+    """``value``'s JSON, or None when it may hold an attachment block: a dict whose "type"
+    is "image" or "document", so its JSON holds one of the markers."""
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return None if any(marker in text for marker in _ATTACHMENT_MARKERS) else text
 
 
 def _estimate_walk(value: Any) -> int:
@@ -67,10 +72,8 @@ REQUEST_FRAMING_TOKENS = 2_000
 def json_bytes(value: Any) -> int | None:
     """The UTF-8 bytes of ``value``'s JSON, or None when it holds an attachment (priced by
     its pixels and pages, not its bytes: see ``surely_fits``)."""
-    text = json.dumps(value, ensure_ascii=False, default=str)
-    if any(marker in text for marker in _ATTACHMENT_MARKERS):
-        return None
-    return len(text.encode())
+    text = _plain_json(value)
+    return None if text is None else len(text.encode())
 
 
 def surely_fits(parts: Any, limit_tokens: int, known_bytes: int = 0) -> bool:

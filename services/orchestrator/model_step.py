@@ -185,7 +185,8 @@ def request(runner: TurnRunner, offered: dict[str, Offer], harder: bool = False)
     window = window_tokens(runner.agent.model, settings.context_window_tokens)
     fits = input_budget(window, output_tokens(runner.agent))
     budget, cap = min(settings.context_tokens, fits), settings.tool_output_max_chars
-    fixed = _fixed_bytes(runner, system, tools, tool_dicts) if counter is not None else None
+    offered_now = _offered_measures(runner, system, tools, tool_dicts)
+    fixed = offered_now.fixed_bytes
     if (
         counter is not None
         and not harder
@@ -197,7 +198,7 @@ def request(runner: TurnRunner, offered: dict[str, Offer], harder: bool = False)
         counter = None
     if counter is None:
         count = None
-        overhead = estimate_tokens(system) + _tools_estimate(runner, tools, tool_dicts)
+        overhead = estimate_tokens(system) + offered_now.tools_tokens
     else:
         count = counter.count
         counter.prime([system, *tool_dicts, *blocks(messages)])
@@ -223,29 +224,28 @@ def request(runner: TurnRunner, offered: dict[str, Offer], harder: bool = False)
     )
 
 
-def _tools_estimate(
-    runner: TurnRunner, tools: list[ToolDef], tool_dicts: list[dict[str, Any]]
-) -> int:
-    """The estimated tokens of the tools offered, reused while they stay the same."""
-    cached = runner.tools_tokens
-    if cached is not None and cached[0] == tools:
-        return cached[1]
-    tokens = estimate_tokens(tool_dicts)
-    runner.tools_tokens = (tools, tokens)
-    return tokens
+@dataclass(frozen=True)
+class OfferedMeasures:
+    """What a step's system prompt and tools cost, measured again only when they change:
+    most of a request, the same at every step of a turn."""
+
+    system: str
+    tools: list[ToolDef]
+    tools_tokens: int  # the tools' estimated tokens (``estimate_tokens``)
+    fixed_bytes: int | None  # the JSON bytes of both (``json_bytes``, for ``surely_fits``)
 
 
-def _fixed_bytes(
+def _offered_measures(
     runner: TurnRunner, system: str, tools: list[ToolDef], tool_dicts: list[dict[str, Any]]
-) -> int | None:
-    """The JSON bytes of the system prompt and the tools offered (``surely_fits``), measured
-    again only when they change: most of a request's bytes, the same at every step."""
-    cached = runner.fixed_bytes
-    if cached is not None and cached[0] == system and cached[1] == tools:
-        return cached[2]
-    size = json_bytes([system, tool_dicts])
-    runner.fixed_bytes = (system, tools, size)
-    return size
+) -> OfferedMeasures:
+    kept = runner.offered_measures
+    if kept is not None and kept.system == system and kept.tools == tools:
+        return kept
+    kept = OfferedMeasures(
+        system, tools, estimate_tokens(tool_dicts), json_bytes([system, tool_dicts])
+    )
+    runner.offered_measures = kept
+    return kept
 
 
 def output_tokens(agent: AgentSpec) -> int:

@@ -48,7 +48,6 @@ from signalbox.services.orchestrator import (
 from signalbox.services.orchestrator.builtin_tools import ALARM, RUN_PLAN
 from signalbox.services.orchestrator.cancel_watch import CancelWatch
 from signalbox.services.orchestrator.lease import TurnLease
-from signalbox.services.orchestrator.model import ToolDef
 from signalbox.services.orchestrator.running_transcript import RunningTranscript
 from signalbox.services.orchestrator.runtime import Runtime
 from signalbox.services.orchestrator.store import (
@@ -121,10 +120,8 @@ class TurnRunner:
         self.transcript = RunningTranscript(
             info.conversation_id, info.turn_id if self.child else None
         )
-        # The tools its last step offered and their estimated tokens (model_step.py).
-        self.tools_tokens: tuple[list[ToolDef], int] | None = None
-        # The JSON bytes of its last step's system prompt and tools (model_step.py).
-        self.fixed_bytes: tuple[str, list[ToolDef], int | None] | None = None
+        # What its last step's system prompt and tools cost (model_step.py).
+        self.offered_measures: model_step.OfferedMeasures | None = None
         # The live catalogue as its last step's offers read it, and when (``step_catalogue``).
         self._catalogue: tuple[float, dict[str, ToolSpec]] | None = None
         # The loop's state as this runner's own last move left it (a step it stored), so the

@@ -99,8 +99,8 @@ def test_a_turn_that_surely_fits_its_budget_asks_for_no_count(
 def test_tools_that_fill_the_budget_are_counted_at_every_step(
     harness: Harness, fake_anthropic: FakeAnthropic
 ) -> None:
-    # The messages alone are a few hundred bytes; the tool's schema, measured once a turn
-    # and not again at each step, holds 6,000: the request may not fit, so it is counted.
+    # The messages alone are a few hundred bytes; the tool's schema, measured once while
+    # it stays the same, holds 6,000: the request may not fit, so it is counted.
     h = _counting(harness, fake_anthropic)
     schema = {"type": "object", "description": "a wide schema " * 430}
     h.catalogue(spec("read_file", side_effect="read").model_copy(update={"input_schema": schema}))

@@ -11,9 +11,10 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from signalbox.services.orchestrator.store import connect
 from signalbox.shared.admission import Limits, admit, anyone_waiting, waiting_by_user
 from signalbox.shared.db import Conversation, Turn, UserLimits
 from signalbox.shared.db.models import now
@@ -55,12 +56,6 @@ class Queue:
             )
             s.add(turn)
         return turn.id
-
-    def connect(self) -> Connection:
-        """A bare connection of the sessions' engine (the orchestrator's ``store.connect``)."""
-        engine = self.sessions.kw["bind"]
-        assert isinstance(engine, Engine)
-        return engine.connect()
 
     def admit(self, limits: Limits, delivered: str | None = None) -> list[str]:
         with self.sessions() as s, s.begin():
@@ -232,7 +227,7 @@ def test_skipping_the_pass_when_none_waits_strands_no_turn(
     admitted: list[str] = []
 
     def orchestrator_check() -> None:
-        with queue.connect() as conn:  # a bare connection, as the orchestrator asks it
+        with connect(queue.sessions) as conn:  # a bare connection, as the orchestrator asks
             waiting = anyone_waiting(conn, queue.deployment)
         if waiting:
             admitted.extend(queue.admit(limits))
@@ -267,7 +262,7 @@ def test_racing_checks_and_inserts_leave_no_turn_waiting_for_a_free_slot(
         try:
             start.wait(timeout=30)
             queue.set(turn_id, status=TurnState.COMPLETED)
-            with queue.connect() as conn:  # a bare connection, as the orchestrator asks it
+            with connect(queue.sessions) as conn:  # a bare connection, as the orchestrator asks
                 waiting = anyone_waiting(conn, queue.deployment)
             if waiting:
                 queue.admit(limits)
