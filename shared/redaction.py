@@ -18,9 +18,16 @@ from collections.abc import Iterable
 REDACTED = "[redacted]"
 MIN_SECRET_CHARS = 8  # a shorter "secret" would redact ordinary words
 
-_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+# Each pattern with the words one of its matches must contain (``casefold``ed, as the
+# patterns' IGNORECASE folds them): a line with none of them is not searched. Most log lines
+# hold none, and the five searches were a third of what a log line cost.
+_PATTERNS: tuple[tuple[re.Pattern[str], str, tuple[str, ...]], ...] = (
     # ?ticket=... in the WebSocket and SSE URLs uvicorn logs; token=... in any URL
-    (re.compile(r"((?:ticket|token|secret|password)=)[^&\s\"'<>]+", re.I), rf"\g<1>{REDACTED}"),
+    (
+        re.compile(r"((?:ticket|token|secret|password)=)[^&\s\"'<>]+", re.I),
+        rf"\g<1>{REDACTED}",
+        ("ticket=", "token=", "secret=", "password="),
+    ),
     # a header in any notation: `Authorization: Bearer x`, `'x-api-key': 'x'`, `...=x`
     (
         re.compile(
@@ -29,11 +36,16 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
             re.I,
         ),
         rf"\g<1>{REDACTED}",
+        ("authorization", "x-api-key", "x-signalbox-internal-token"),
     ),
-    (re.compile(r"\b(?:sbt|whsec)_[A-Za-z0-9_\-]{8,}"), REDACTED),
-    (re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{8,}"), REDACTED),
+    (re.compile(r"\b(?:sbt|whsec)_[A-Za-z0-9_\-]{8,}"), REDACTED, ("sbt_", "whsec_")),
+    (re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{8,}"), REDACTED, ("sk-ant-",)),
     # scheme://user:password@host
-    (re.compile(r"(\b[a-z][a-z0-9+.\-]*://[^/\s:@]*:)[^@\s/]+@", re.I), rf"\g<1>{REDACTED}@"),
+    (
+        re.compile(r"(\b[a-z][a-z0-9+.\-]*://[^/\s:@]*:)[^@\s/]+@", re.I),
+        rf"\g<1>{REDACTED}@",
+        ("://",),
+    ),
 )
 
 
@@ -42,8 +54,10 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
     for value in secrets:
         if value in text:
             text = text.replace(value, REDACTED)
-    for pattern, replacement in _PATTERNS:
-        text = pattern.sub(replacement, text)
+    folded = text.casefold()
+    for pattern, replacement, words in _PATTERNS:
+        if any(word in folded for word in words):
+            text = pattern.sub(replacement, text)
     return text
 
 
