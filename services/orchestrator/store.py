@@ -833,39 +833,83 @@ def cancel_requested(sessions: Sessions, turn_id: str) -> bool:
         return bool(s.scalar(_CANCEL_REQUESTED, {"turn_id": turn_id}))
 
 
+@dataclass(frozen=True)
+class FinishedTurn:
+    """A turn as ``finish_turn`` left it."""
+
+    id: str
+    status: str
+    error: str | None
+    step: int
+    parent_call_id: str | None  # a sub-agent's turn: the spawn_agent call that made it
+
+
 def finish_turn(
     sessions: Sessions,
     turn_id: str,
     status: str,
     error: str | None,
     usage_to: str | None = None,
-    then: Callable[[Session, Turn], object] | None = None,
-) -> Turn | None:
+    then: Callable[[Connection, FinishedTurn], object] | None = None,
+) -> FinishedTurn | None:
     """Mark the turn finished; None if it already was (someone else finished it).
 
     Child turns of its spawn_agent calls that did not end (their runner died) end with it.
     ``usage_to``: a parent turn that is charged this (child) turn's usage, once. ``then``:
     more of the same transaction once it finished the turn (``turn_finished``'s usage and
     webhook deliveries).
+
+    Core statements built once, on a bare connection (at every turn's end, a Session's
+    ``get`` of the turn and its flush cost more than the statements): a conditional
+    ``UPDATE ... RETURNING`` that only an unfinished turn passes.
     """
-    with sessions() as s, s.begin():
-        turn = s.get(Turn, turn_id)
-        if turn is None or turn.status in FINISHED_TURN_STATUSES:
+    with transaction(sessions) as conn:
+        finished = conn.execute(
+            _FINISH,
+            {"finish_id": turn_id, "status": status, "error": error, "finished_at": utcnow()},
+        ).one_or_none()
+        if finished is None:
             return None
-        turn.status = status
-        turn.error = error
-        turn.finished_at = utcnow()
-        parent = s.get(Turn, usage_to) if usage_to is not None else None
-        if parent is not None:
-            parent.input_tokens += turn.input_tokens
-            parent.output_tokens += turn.output_tokens
-        s.execute(
+        step, parent_call_id, input_tokens, output_tokens = finished
+        if usage_to is not None:
+            conn.execute(
+                _CHARGE,
+                {"charged_id": usage_to, "more_input": input_tokens, "more_output": output_tokens},
+            )
+        conn.execute(
             _END_CHILDREN,
             {"parent_turn_id": turn_id, "child_error": f"its parent turn ended ({status})"},
         )
+        turn = FinishedTurn(turn_id, status, error, step, parent_call_id)
         if then is not None:
-            then(s, turn)
+            then(conn, turn)
         return turn
+
+
+_FINISH = (
+    update(_turns)
+    .where(
+        _turns.c.id == bindparam("finish_id"),
+        _turns.c.status.not_in(FINISHED_TURN_STATUSES),
+    )
+    .values(
+        status=bindparam("status"),
+        error=bindparam("error"),
+        finished_at=bindparam("finished_at"),
+    )
+    .returning(
+        _turns.c.step, _turns.c.parent_call_id, _turns.c.input_tokens, _turns.c.output_tokens
+    )
+)
+# A finished child turn's tokens added to the turn that pays for it.
+_CHARGE = (
+    update(_turns)
+    .where(_turns.c.id == bindparam("charged_id"))
+    .values(
+        input_tokens=_turns.c.input_tokens + bindparam("more_input"),
+        output_tokens=_turns.c.output_tokens + bindparam("more_output"),
+    )
+)
 
 
 # The child turns of a turn's spawn_agent calls that have not ended, ended with it; built

@@ -60,7 +60,7 @@ from signalbox.services.orchestrator.store import (
 from signalbox.services.orchestrator.transcript import OPEN_CALL_STATUSES
 from signalbox.services.orchestrator.turn_deadline import TurnDeadline
 from signalbox.shared.agents import AgentSpec, bound_agent
-from signalbox.shared.db.models import Message, ToolCall, Turn
+from signalbox.shared.db.models import Message, ToolCall
 from signalbox.shared.db.webhooks import WEBHOOK_EVENT_KINDS, Webhook, enqueue
 from signalbox.shared.events import EventKind, tool_call_finished, turn_finished
 from signalbox.shared.statuses import CallDecision, CallState, TurnState
@@ -568,12 +568,12 @@ class TurnRunner:
                 self.emit("proposal_resolved", {"proposal_id": proposal_id, "status": "cancelled"})
         announced: list[tuple[EventKind, Mapping[str, Any]]] = []
 
-        def deliveries(session: Session, turn: Turn) -> None:
+        def deliveries(conn: Connection, turn: store.FinishedTurn) -> None:
             # Its usage and webhook deliveries read and written in the finishing transaction.
-            turn_usage = usage.usage_in(session, turn)
+            turn_usage = usage.usage_in(conn, turn)
             finished = turn_finished(status, turn.step, turn_usage, error)
             announced.extend(self.payloads([("turn_finished", finished)]))
-            self.enqueue_hooks(session, announced)
+            self.enqueue_hooks(conn, announced)
 
         turn = store.finish_turn(
             self.rt.sessions,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
+from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from signalbox.services.orchestrator.context_budget import estimate_tokens
@@ -23,10 +24,10 @@ from signalbox.services.orchestrator.model import ModelRequest as Request
 from signalbox.services.orchestrator.model import StepEnd, StepRetry
 from signalbox.services.orchestrator.pricing import Tokens
 from signalbox.shared.db import usage as db_usage
-from signalbox.shared.db.models import ModelRequest, Turn
+from signalbox.shared.db.models import ModelRequest
 
 if TYPE_CHECKING:
-    from signalbox.services.orchestrator.store import Sessions
+    from signalbox.services.orchestrator.store import FinishedTurn, Sessions
     from signalbox.services.orchestrator.turn_runner import TurnRunner
 
 Purpose = Literal["step", "sub_agent", "planner", "compaction"]
@@ -92,7 +93,7 @@ def record(runner: TurnRunner, row: ModelRequest) -> None:
         s.add(row)
 
 
-def turn_usage(sessions: Sessions, turn: Turn) -> dict[str, Any]:
+def turn_usage(sessions: Sessions, turn: FinishedTurn) -> dict[str, Any]:
     """``turn_finished.usage``: a root turn's requests with its sub-agents', a child's own.
 
     Every request the turn made is in it, as recorded: its steps, a retried attempt as far as
@@ -103,10 +104,10 @@ def turn_usage(sessions: Sessions, turn: Turn) -> dict[str, Any]:
         return usage_in(s, turn)
 
 
-def usage_in(session: Session, turn: Turn) -> dict[str, Any]:
-    """``turn_usage`` read in ``session`` (the transaction that finishes the turn)."""
+def usage_in(db: Session | Connection, turn: FinishedTurn) -> dict[str, Any]:
+    """``turn_usage`` read in ``db`` (the transaction that finishes the turn)."""
     # A sub-agent's turn: its own requests; a user's turn: with its sub-agents'.
-    used = db_usage.turn_total(session, turn.id, with_sub_agents=turn.parent_call_id is None)
+    used = db_usage.turn_total(db, turn.id, with_sub_agents=turn.parent_call_id is None)
     return {
         "input_tokens": used.input_tokens,
         "output_tokens": used.output_tokens,

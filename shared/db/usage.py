@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import Connection, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from signalbox.shared.db.models import ModelRequest
@@ -70,11 +70,11 @@ _TURN_SUMS = select(*_SUMS).where(ModelRequest.turn_id == bindparam("turn_id"))
 _ROOT_TURN_SUMS = select(*_SUMS).where(ModelRequest.root_turn_id == bindparam("turn_id"))
 
 
-def turn_total(session: Session, turn_id: str, *, with_sub_agents: bool) -> UsageSum:
+def turn_total(db: Session | Connection, turn_id: str, *, with_sub_agents: bool) -> UsageSum:
     """The sum over one turn's own requests, or (``with_sub_agents``) over those it paid
     for: its own and its sub-agents' (``root_turn_id``)."""
     statement = _ROOT_TURN_SUMS if with_sub_agents else _TURN_SUMS
-    return _usage_sum(None, session.execute(statement, {"turn_id": turn_id}).one())
+    return _usage_sum(None, db.execute(statement, {"turn_id": turn_id}).one())
 
 
 def summarize(
