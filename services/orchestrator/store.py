@@ -293,7 +293,7 @@ def open_turn(
     info: TurnInfo,
     model: str,
     timeout_s: float | None = None,
-    then: Callable[[Session], object] | None = None,
+    then: Callable[[Connection], object] | None = None,
 ) -> Opened:
     """Read the turn and, if it is queued and not cancelled, start it, in ONE transaction:
     queued → running, and the user's text enters the transcript. ``timeout_s``: the turn's
@@ -302,11 +302,12 @@ def open_turn(
 
     Core statements built once: the conditional ``UPDATE ... RETURNING`` that starts it
     (only a queued, uncancelled turn moves), else one read of what it found; the user
-    message's ``INSERT`` with ``max(seq) + 1`` as its subquery."""
+    message's ``INSERT`` with ``max(seq) + 1`` as its subquery; on a bare connection (a
+    Session's transaction cost more than the three statements)."""
     now = utcnow()
     deadline = now + timedelta(seconds=timeout_s) if timeout_s is not None else None
-    with sessions() as s, s.begin():
-        started = s.execute(
+    with transaction(sessions) as conn:
+        started = conn.execute(
             _OPEN,
             {
                 "open_id": info.turn_id,
@@ -316,14 +317,14 @@ def open_turn(
             },
         ).one_or_none()
         if started is None:
-            found = s.execute(_FOUND, {"turn_id": info.turn_id}).one_or_none()
+            found = conn.execute(_FOUND, {"turn_id": info.turn_id}).one_or_none()
             if found is None:
                 raise LookupError(f"no turn {info.turn_id!r}")
             status, cancel, step, deadline_at = found
             as_found = as_utc(deadline_at) if deadline_at is not None else None
             return Opened(status, bool(cancel), step, False, as_found)
         step, deadline_at, created_at, text, user_id = started
-        s.execute(
+        conn.execute(
             _STEP_MESSAGE,
             {
                 "id": new_id("msg"),
@@ -338,9 +339,9 @@ def open_turn(
                 "created_at": now,
             },
         )
-        admin = bool(s.scalar(_IS_ADMIN, {"user_id": user_id}))
+        admin = bool(conn.scalar(_IS_ADMIN, {"user_id": user_id}))
         if then is not None:
-            then(s)
+            then(conn)
     queued_s = max(0.0, (now - as_utc(created_at)).total_seconds())
     opened_deadline = as_utc(deadline_at) if deadline_at is not None else None
     return Opened(TurnState.QUEUED, False, step, True, opened_deadline, queued_s, admin)

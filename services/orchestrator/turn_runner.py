@@ -325,7 +325,7 @@ class TurnRunner:
             self.info,
             self.rt.model.name,
             timeout_s,
-            then=lambda session: self.enqueue_hooks(session, started),
+            then=lambda conn: self.enqueue_hooks(conn, started),
         )
         if turn.status in FINISHED_TURN_STATUSES:
             return "finished"

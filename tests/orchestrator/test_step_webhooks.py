@@ -1,6 +1,7 @@
 """Webhook deliveries of the loop's own events commit with the step that makes them: the
-step's calls (``store.store_step``) and their results (``store.record_results``) run on a
-bare connection, and a delivery due joins its transaction."""
+turn's start (``store.open_turn``), the step's calls (``store.store_step``), their results
+(``store.record_results``) and the turn's end (``store.finish_turn``) run on a bare
+connection, and a delivery due joins its transaction."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from signalbox.shared.ids import new_id
 
 from .support import Harness, ok, say, spec, use
 
-KINDS = ["tool_call_finished", "turn_finished"]
+KINDS = ["turn_started", "tool_call_finished", "turn_finished"]
 
 
 def _webhook_and_a_tool(h: Harness, kinds: list[str]) -> str:
@@ -63,7 +64,8 @@ def test_a_steps_calls_and_results_queue_their_webhook_deliveries(harness: Harne
         if kind == "tool_call_finished"
     )
     assert finished == sorted((c.id, c.status) for c in (calls["read_file"], calls["no_such_tool"]))
-    assert [kind for kind, _ in queued].count("turn_finished") == 1
+    kinds = [kind for kind, _ in queued]
+    assert kinds.count("turn_started") == 1 and kinds.count("turn_finished") == 1
     assert {body["turn_id"] for _, body in queued} == {turn_id}
 
 
