@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Connection, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from signalbox.services.orchestrator import metrics, usage
@@ -58,6 +58,20 @@ class _Span:
     turn_id: str
     first_seq: int
     last_seq: int
+
+
+def latest_note(db: Session | Connection, conversation_id: str) -> tuple[int, str] | None:
+    """The newest note's ``(through_seq, summary)``, or None: one statement built once."""
+    row = db.execute(_LATEST_NOTE, {"conversation_id": conversation_id}).first()
+    return (row[0], row[1]) if row is not None else None
+
+
+_LATEST_NOTE = (
+    select(Compaction.through_seq, Compaction.summary)
+    .where(Compaction.conversation_id == bindparam("conversation_id"))
+    .order_by(Compaction.through_seq.desc())
+    .limit(1)
+)
 
 
 def latest(session: Session, conversation_id: str) -> Compaction | None:

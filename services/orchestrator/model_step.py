@@ -115,7 +115,7 @@ class NotesCache:
     notes: ProposalNotes = field(default_factory=dict)
 
 
-def proposal_notes(runner: TurnRunner, session: Session) -> ProposalNotes:
+def proposal_notes(runner: TurnRunner, db: Session | Connection) -> ProposalNotes:
     """The notes on the conversation's decided proposals, from SQL unless nothing changed.
 
     "Nothing changed": the approvals feed is live and its stamp for the conversation is the
@@ -130,7 +130,7 @@ def proposal_notes(runner: TurnRunner, session: Session) -> ProposalNotes:
     now = time.monotonic()
     if stamp is not None and stamp == cache.stamp and now - cache.read_at < NOTES_MAX_AGE_S:
         return cache.notes
-    cache.notes = load_proposal_notes(session, runner.info.conversation_id)
+    cache.notes = load_proposal_notes(db, runner.info.conversation_id)
     cache.stamp, cache.read_at = stamp, now
     return cache.notes
 
@@ -170,11 +170,11 @@ def request(runner: TurnRunner, offered: dict[str, Offer], harder: bool = False)
     settings = runner.rt.settings
     system = runner.agent.system_prompt  # the turn's agent's (shared/agents.py)
     notes: ProposalNotes = {}
-    with runner.rt.sessions() as s:
+    with store.connect(runner.rt.sessions) as conn:
         # A sub-agent proposes nothing: it has read-only tools alone, and no notes.
-        notes = {} if runner.child else proposal_notes(runner, s)
+        notes = {} if runner.child else proposal_notes(runner, conn)
         # Read from SQL at the runner's first step, kept in memory after (see the module).
-        messages = runner.transcript.sent(s, notes)
+        messages = runner.transcript.sent(conn, notes)
     tools = [offered[name].tool_def for name in sorted(offered)]
     # Shallow: the schemas are only read (``asdict`` deep-copied them, each step).
     tool_dicts = [

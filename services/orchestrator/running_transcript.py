@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, select
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection, and_, bindparam, select
+from sqlalchemy.engine import Row
 
 from signalbox.services.orchestrator import compaction
 from signalbox.services.orchestrator.store import EndedCall
@@ -58,7 +58,7 @@ class _Call:
     timeout_s: float
 
 
-def _call(row: ToolCall) -> _Call:
+def _call(row: ToolCall | Row[Any]) -> _Call:
     return _Call(
         row.id,
         row.message_id,
@@ -89,13 +89,13 @@ class RunningTranscript:
         """Read everything again at the next step (a compaction note was written)."""
         self.loaded = False
 
-    def sent(self, session: Session, notes: ProposalNotes) -> list[dict[str, Any]]:
+    def sent(self, conn: Connection, notes: ProposalNotes) -> list[dict[str, Any]]:
         """The Messages-API ``messages`` as the model should see them now (with the
         compaction note, if any): what ``compaction.load`` read from SQL each step."""
         if not self.loaded:
-            self._load(session)
+            self._load(conn)
         elif self.unended:
-            self._refresh(session)
+            self._refresh(conn)
         attachments = {k: copy.deepcopy(v) for k, v in self.attachments.items()}
         messages = build_messages(self.messages, self.calls, notes, attachments)
         return compaction.with_note(messages, self.summary)
@@ -118,31 +118,22 @@ class RunningTranscript:
             if call is not None:
                 call.status, call.output, call.error = done.status, done.output, done.error
 
-    def _load(self, session: Session) -> None:
-        after = 0
+    def _load(self, conn: Connection) -> None:
+        """Read the transcript: statements built once, their columns as tuples (no ORM
+        object is loaded; they were a fifth of an in-process turn's SQL)."""
         self.summary = None
         if self.child_turn_id is not None:
-            scope = Message.turn_id == self.child_turn_id
+            scope: dict[str, Any] = {"child_turn_id": self.child_turn_id}
+            messages, calls = _CHILD_MESSAGES, _CHILD_CALLS
         else:
-            note = compaction.latest(session, self.conversation_id)
+            note = compaction.latest_note(conn, self.conversation_id)
+            after = 0
             if note is not None:
-                after, self.summary = note.through_seq, note.summary
-            scope = and_(
-                Message.conversation_id == self.conversation_id,
-                Message.turn_id.in_(
-                    select(Turn.id).where(
-                        Turn.conversation_id == self.conversation_id,
-                        Turn.parent_call_id.is_(None),
-                    )
-                ),
-                Message.seq > after,
-            )
-        rows = session.scalars(select(Message).where(scope).order_by(Message.seq)).all()
-        call_rows = session.scalars(
-            select(ToolCall)
-            .join(Message, Message.id == ToolCall.message_id)
-            .where(scope, ToolCall.plan_call_id.is_(None))  # a plan's steps: in its result
-        ).all()
+                after, self.summary = note
+            scope = {"conversation_id": self.conversation_id, "after": after}
+            messages, calls = _MESSAGES, _CALLS
+        rows = conn.execute(messages, scope).all()
+        call_rows = conn.execute(calls, scope).all()
         self.messages = [_Message(m.id, m.role, m.content, m.seq) for m in rows]
         self.calls = defaultdict(list)
         self.unended = {}
@@ -151,18 +142,66 @@ class RunningTranscript:
             self.calls[call.message_id].append(call)
             if call.status not in FINAL_CALL_STATUSES:
                 self.unended[call.id] = call
-        self.attachments = load_attachments(session, rows)
+        self.attachments = load_attachments(conn, rows)
         self.loaded = True
 
-    def _refresh(self, session: Session) -> None:
+    def _refresh(self, conn: Connection) -> None:
         """Read again the calls not seen to end (others end calls too)."""
-        rows = session.execute(
-            select(ToolCall.id, ToolCall.status, ToolCall.output, ToolCall.error).where(
-                ToolCall.id.in_(list(self.unended))
-            )
-        ).all()
+        rows = conn.execute(_UNENDED, {"call_ids": list(self.unended)}).all()
         for call_id, status, output, error in rows:
             call = self.unended[call_id]
             call.status, call.output, call.error = status, output, error
             if status in FINAL_CALL_STATUSES:
                 del self.unended[call_id]
+
+
+# A child turn's own messages, or the conversation's after its latest compaction note (a
+# spawn_agent child's messages left out: only the parent call's result is seen), and their
+# calls but a plan's steps (they are in the plan's one result).
+_CHILD_SCOPE = Message.turn_id == bindparam("child_turn_id")
+_SCOPE = and_(
+    Message.conversation_id == bindparam("conversation_id"),
+    Message.turn_id.in_(
+        select(Turn.id).where(
+            Turn.conversation_id == bindparam("conversation_id"),
+            Turn.parent_call_id.is_(None),
+        )
+    ),
+    Message.seq > bindparam("after"),
+)
+_MESSAGE_COLUMNS = (
+    Message.id,
+    Message.role,
+    Message.content,
+    Message.seq,
+    Message.turn_id,
+    Message.step,
+)
+_CALL_COLUMNS = (
+    ToolCall.id,
+    ToolCall.message_id,
+    ToolCall.position,
+    ToolCall.tool_use_id,
+    ToolCall.tool,
+    ToolCall.status,
+    ToolCall.output,
+    ToolCall.error,
+    ToolCall.timeout_s,
+)
+
+
+def _calls_in(scope: Any) -> Any:
+    return (
+        select(*_CALL_COLUMNS)
+        .join(Message, Message.id == ToolCall.message_id)
+        .where(scope, ToolCall.plan_call_id.is_(None))
+    )
+
+
+_MESSAGES = select(*_MESSAGE_COLUMNS).where(_SCOPE).order_by(Message.seq)
+_CHILD_MESSAGES = select(*_MESSAGE_COLUMNS).where(_CHILD_SCOPE).order_by(Message.seq)
+_CALLS = _calls_in(_SCOPE)
+_CHILD_CALLS = _calls_in(_CHILD_SCOPE)
+_UNENDED = select(ToolCall.id, ToolCall.status, ToolCall.output, ToolCall.error).where(
+    ToolCall.id.in_(bindparam("call_ids", expanding=True))
+)

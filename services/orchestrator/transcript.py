@@ -27,8 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, get_args
 
-from sqlalchemy import and_, bindparam, func, select
-from sqlalchemy.orm import Session, aliased, undefer
+from sqlalchemy import Connection, and_, bindparam, func, select
+from sqlalchemy.orm import Session, aliased
 
 from signalbox.shared.db.models import Message, Proposal, ToolCall, Turn, Upload
 from signalbox.shared.events import ProposalStatus
@@ -49,6 +49,15 @@ class MessageRow(Protocol):
     def role(self) -> str: ...
     @property
     def content(self) -> list[Any]: ...
+
+
+class StoredMessageRow(MessageRow, Protocol):
+    """A stored message with its place: the turn and step that wrote it."""
+
+    @property
+    def turn_id(self) -> str: ...
+    @property
+    def step(self) -> int: ...
 
 
 class CallRow(Protocol):
@@ -214,13 +223,15 @@ _DECIDED_PROPOSALS = (
 )
 
 
-def load_proposal_notes(session: Session, conversation_id: str) -> dict[str, list[ProposalNote]]:
+def load_proposal_notes(
+    db: Session | Connection, conversation_id: str
+) -> dict[str, list[ProposalNote]]:
     """The decided proposals of a conversation, by the id of the call that proposed them.
 
     A partial approval's child proposal has no call of its own: it is told with its
     parent's call.
     """
-    rows = session.execute(_DECIDED_PROPOSALS, {"conversation_id": conversation_id}).all()
+    rows = db.execute(_DECIDED_PROPOSALS, {"conversation_id": conversation_id}).all()
     notes: dict[str, list[ProposalNote]] = defaultdict(list)
     for proposal_id, status, reason, parent_id, call_id in rows:
         if call_id is not None:
@@ -293,26 +304,32 @@ def attachment_block(kind: str, media_type: str, name: str, data: bytes) -> dict
     return {"type": "document", "source": source, "title": name}
 
 
-def _blocks_of(session: Session, upload_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+def _blocks_of(db: Session | Connection, upload_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
     """The block of each upload, built once per process (the bytes are read only then)."""
     with _block_lock:
         found = {i: _block_cache[i] for i in upload_ids if i in _block_cache}
     missing = [i for i in upload_ids if i not in found]
     if missing:
-        rows = session.scalars(
-            select(Upload).where(Upload.id.in_(missing)).options(undefer(Upload.data))
-        ).all()
+        rows = db.execute(_UPLOADS, {"upload_ids": missing}).all()
         with _block_lock:
-            for row in rows:
-                block = attachment_block(row.kind, row.media_type, row.name, row.data)
-                found[row.id] = _block_cache[row.id] = block
+            for upload_id, kind, media_type, name, data in rows:
+                block = attachment_block(kind, media_type, name, data)
+                found[upload_id] = _block_cache[upload_id] = block
                 while len(_block_cache) > _BLOCK_CACHE_MAX:
                     _block_cache.popitem(last=False)
     return found
 
 
+_UPLOADS = select(Upload.id, Upload.kind, Upload.media_type, Upload.name, Upload.data).where(
+    Upload.id.in_(bindparam("upload_ids", expanding=True))
+)
+_ATTACHMENTS = select(Turn.id, Turn.attachments).where(
+    Turn.id.in_(bindparam("turn_ids", expanding=True))
+)
+
+
 def load_attachments(
-    session: Session, rows: Sequence[MessageRow]
+    db: Session | Connection, rows: Sequence[StoredMessageRow]
 ) -> dict[str, list[dict[str, Any]]]:
     """The attachment blocks of each turn's user message, by message id.
 
@@ -321,20 +338,18 @@ def load_attachments(
     """
     first: dict[str, str] = {}  # turn id -> its user message id
     for row in rows:
-        if isinstance(row, Message) and row.role == "user" and row.step == 0:
+        if row.role == "user" and row.step == 0:
             first.setdefault(row.turn_id, row.id)
     if not first:
         return {}
     named = {
         turn_id: list(ids)
-        for turn_id, ids in session.execute(
-            select(Turn.id, Turn.attachments).where(Turn.id.in_(list(first)))
-        ).all()
+        for turn_id, ids in db.execute(_ATTACHMENTS, {"turn_ids": list(first)}).all()
         if ids
     }
     if not named:
         return {}
-    blocks = _blocks_of(session, [i for ids in named.values() for i in ids])
+    blocks = _blocks_of(db, [i for ids in named.values() for i in ids])
     return {
         first[turn_id]: [copy.deepcopy(blocks[i]) for i in ids if i in blocks]
         for turn_id, ids in named.items()

@@ -52,8 +52,8 @@ def test_the_kept_transcript_is_what_sql_says_after_each_step(
             return load_messages(s, conversation_id, notes={})
 
     def sent() -> list[dict[str, object]]:
-        with db_sessions() as s:
-            return kept.sent(s, {})
+        with store.connect(db_sessions) as conn:  # as model_step.request reads it
+            return kept.sent(conn, {})
 
     assert sent() == truth()  # the first read is SQL's
 
@@ -86,5 +86,5 @@ def test_the_kept_transcript_is_what_sql_says_after_each_step(
     ]
 
     # A new runner (a resumed turn) starts from SQL alone.
-    with db_sessions() as s:
-        assert RunningTranscript(conversation_id).sent(s, {}) == truth()
+    with store.connect(db_sessions) as conn:
+        assert RunningTranscript(conversation_id).sent(conn, {}) == truth()
