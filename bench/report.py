@@ -355,7 +355,11 @@ def _sources(run: dict[str, Any]) -> list[str]:
     sources = run.get("sources") or [_source(run, sorted({r["id"] for r in run["results"]}))]
     lines = ["**Runs** this page shows:", ""]
     for src in sources:
-        rounds = ", ".join(f"{k} {v}" for k, v in src["rounds"].items() if k in src["ids"])
+        # A benchmark's results may carry a shorter id (`load_per_call` reports as `load`).
+        shown = [
+            k for k in src["rounds"] if any(k == i or k.startswith(f"{i}_") for i in src["ids"])
+        ]
+        rounds = ", ".join(f"{k} {src['rounds'][k]}" for k in shown)
         lines.append(
             f"- {src['started_at']}, commit `{src['commit']}`, {src['duration_s']:.0f} s: "
             f"{', '.join(f'`{i}`' for i in src['ids'])} (measured rounds: {rounds})"
