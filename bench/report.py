@@ -81,7 +81,7 @@ def merged(run: dict[str, Any], results_dir: Path, this_file: Path | None) -> di
             if source == older["started_at"]:  # every variant from the same, newest run
                 results.append({**result, "from_run": source})
                 taken.add(result["id"])
-        for bench_id in taken:
+        for bench_id in sorted(taken):  # a set: sorted, or the page changes from run to run
             if bench_id in (older.get("profiles") or {}):
                 profiles.setdefault(bench_id, older["profiles"][bench_id])
         if taken:

@@ -27,8 +27,9 @@ Building one costs as much CPU as a round trip to Redis (about 60 µs: redis-py 
 table of some 200 response callbacks per client), and it was 15% of a tool worker's main
 process in a profile of ``load@200``. A client holds no connection of its own (its pool
 does, and lends one per command), so one client per channel and pool serves them all: the
-fix keeps it on the channel and builds a new one when the channel's pool is replaced (a
-reconnection drops the pools). Reaching ``channel.pool`` still raises on a dropped
+fix keeps it on the channel and builds a new one when the channel's pool is replaced (kombu
+drops a channel's pools after a fork, when its first ping fails and when it closes; a
+reconnection makes a new channel). Reaching ``channel.pool`` still raises on a dropped
 transport, as before, so the first workaround above sees the same error.
 """
 

@@ -18,9 +18,9 @@ from collections.abc import Iterable
 REDACTED = "[redacted]"
 MIN_SECRET_CHARS = 8  # a shorter "secret" would redact ordinary words
 
-# Each pattern with the words one of its matches must contain (``casefold``ed, as the
-# patterns' IGNORECASE folds them): a line with none of them is not searched. Most log lines
-# hold none, and the five searches were a third of what a log line cost.
+# Each pattern with the words one of its matches must contain, looked for in the line
+# folded as the patterns' IGNORECASE folds it (``_fold``): a line with none of them is not
+# searched. Most log lines hold none, and the five searches were a third of what a line cost.
 _PATTERNS: tuple[tuple[re.Pattern[str], str, tuple[str, ...]], ...] = (
     # ?ticket=... in the WebSocket and SSE URLs uvicorn logs; token=... in any URL
     (
@@ -49,12 +49,19 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str, tuple[str, ...]], ...] = (
 )
 
 
+def _fold(text: str) -> str:
+    """``text`` lower-cased as IGNORECASE compares it: ``casefold`` (which also folds the
+    long s and the Kelvin sign), and the dotted and dotless I, which IGNORECASE takes for
+    ``i`` where ``casefold`` leaves them apart (``İ`` folds to ``i`` and a combining dot)."""
+    return text.casefold().replace("\u0131", "i").replace("i\u0307", "i")
+
+
 def redact(text: str, secrets: Iterable[str] = ()) -> str:
     """``text`` with every secret it shows (the values in ``secrets`` too) replaced."""
     for value in secrets:
         if value in text:
             text = text.replace(value, REDACTED)
-    folded = text.casefold()
+    folded = _fold(text)
     for pattern, replacement, words in _PATTERNS:
         if any(word in folded for word in words):
             text = pattern.sub(replacement, text)

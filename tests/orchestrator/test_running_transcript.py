@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from signalbox.services.orchestrator import store
+from signalbox.services.orchestrator import compaction, store
 from signalbox.services.orchestrator.model import ToolUse
 from signalbox.services.orchestrator.running_transcript import RunningTranscript
 from signalbox.services.orchestrator.transcript import load_messages
-from signalbox.shared.db.models import Message, ToolCall
+from signalbox.shared.db.models import Compaction, Message, ToolCall, Turn
+from signalbox.shared.ids import new_id
 from tests.orchestrator.support import make_conversation, make_turn
 
 
@@ -88,3 +89,63 @@ def test_the_kept_transcript_is_what_sql_says_after_each_step(
     # A new runner (a resumed turn) starts from SQL alone.
     with store.connect(db_sessions) as conn:
         assert RunningTranscript(conversation_id).sent(conn, {}) == truth()
+
+
+def test_after_a_compaction_note_the_kept_transcript_is_the_note_and_what_follows_it(
+    db_sessions: sessionmaker[Session], make_user: Callable[[], tuple[str, str]]
+) -> None:
+    user_id, _ = make_user()
+    conversation_id = make_conversation(db_sessions, user_id)
+    first = _started(db_sessions, user_id, conversation_id, "folded away", 1)
+    _msg, [old] = _step(db_sessions, first, "read_file")
+    store.record_results(db_sessions, [store.ResultRow(old.id, "ok", "old output", None, 1)])
+    store.finish_turn(db_sessions, first.turn_id, "completed", None)
+    with db_sessions() as s:
+        through = max(s.scalars(select(Message.seq).where(Message.turn_id == first.turn_id)))
+    with db_sessions() as s, s.begin():
+        s.add(
+            Compaction(
+                id=new_id("cmp"),
+                conversation_id=conversation_id,
+                turn_id=first.turn_id,
+                through_seq=through,
+                turns_folded=1,
+                summary="the user asked to fold a file read",
+                tokens_before=900,
+                tokens_after=40,
+            )
+        )
+    info = _started(db_sessions, user_id, conversation_id, "after the note", 2)
+    _step(db_sessions, info, "read_file")
+
+    with store.connect(db_sessions) as conn:
+        kept = RunningTranscript(conversation_id).sent(conn, {})
+    with db_sessions() as s:
+        after = load_messages(s, conversation_id, notes={}, after_seq=through)
+    assert kept == compaction.with_note(after, "the user asked to fold a file read")
+    assert "old output" not in str(kept) and "after the note" in str(kept)
+
+
+def test_a_child_turns_kept_transcript_is_its_own_messages_alone(
+    db_sessions: sessionmaker[Session], make_user: Callable[[], tuple[str, str]]
+) -> None:
+    user_id, _ = make_user()
+    conversation_id = make_conversation(db_sessions, user_id)
+    parent = _started(db_sessions, user_id, conversation_id, "the parent's words", 1)
+    _msg, [spawn] = _step(db_sessions, parent, "spawn_agent")
+    child_id = make_turn(db_sessions, conversation_id, user_id, "the child's task", seq=0)
+    with db_sessions() as s, s.begin():
+        s.execute(update(Turn).where(Turn.id == child_id).values(parent_call_id=spawn.id))
+    child = store.load_turn(db_sessions, child_id)
+    assert child is not None
+    store.open_turn(db_sessions, child, "test-model")
+    _step(db_sessions, child, "read_file")
+
+    with store.connect(db_sessions) as conn:
+        kept = RunningTranscript(conversation_id, child_id).sent(conn, {})
+        whole = RunningTranscript(conversation_id).sent(conn, {})
+    with db_sessions() as s:
+        assert kept == load_messages(s, conversation_id, child_turn_id=child_id, notes={})
+        assert whole == load_messages(s, conversation_id, notes={})
+    assert "the child's task" in str(kept) and "the parent's words" not in str(kept)
+    assert "the child's task" not in str(whole)  # the conversation sees none of the child's

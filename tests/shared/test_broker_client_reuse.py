@@ -4,8 +4,8 @@ kombu (5.7) built a new ``redis.Redis`` for every message it published, every de
 recorded in the unacked index and every acknowledgement: as much CPU as the round trip
 itself. ``broker_fixes`` keeps one per channel and pool. These tests count the clients a
 channel builds while it publishes, delivers and acknowledges on a real Redis, and check that
-a channel whose pools were dropped (what a reconnection does) builds a client on its new pool
-rather than reusing one bound to the old.
+a channel whose pools were dropped (kombu does it after a fork, or when its first ping
+fails) builds a client on its new pool rather than reusing one bound to the old.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def test_a_channel_with_new_pools_builds_a_client_on_the_new_pool(
         channel: Any = conn.default_channel
         app.send_task("noop", queue=queue, connection=conn)
         old_pool = channel.pool
-        channel._disconnect_pools()  # what kombu does when the connection is lost
+        channel._disconnect_pools()  # what kombu does after a fork
         app.send_task("noop", queue=queue, connection=conn)
 
         assert redis_client.llen(f"{prefix}{queue}") == 2

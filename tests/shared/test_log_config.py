@@ -191,7 +191,9 @@ def test_redact_leaves_ordinary_text_alone() -> None:
         "x-signalbox-internal-token: " + "i" * 30,
         "webhook whsec_" + "w" * 20 + " and sbt_" + "u" * 20,
         "REDIS://user:pw@host:6379/0 and Postgresql://:pw@db/x",
-        "a \u017fecret=x (a long s) and a \u212aelvin sign: \u212aey",
+        "a \u017fecret=x (a long s) and a tic\u212aet=y (a Kelvin sign)",
+        "t\u0130cket=abcdef123 and Author\u0131zation: Bearer abcdefgh (dotted, dotless I)",
+        "x-s\u0130gnalbox-internal-token: " + "i" * 30,
         "call call_abc: count_quick ok in 3 ms",
     ],
 )
