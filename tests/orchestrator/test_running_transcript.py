@@ -36,15 +36,24 @@ def _step(
     return store.store_step(sessions, info, f"calling {len(tools)}", planned, 3, 2)
 
 
+def _an_ended_turn(
+    sessions: sessionmaker[Session], user_id: str, conversation_id: str, text: str
+) -> store.TurnInfo:
+    """A first turn of the conversation that read a file (its output: ``old output``) and
+    completed."""
+    first = _started(sessions, user_id, conversation_id, text, 1)
+    _msg, [old] = _step(sessions, first, "read_file")
+    store.record_results(sessions, [store.ResultRow(old.id, "ok", "old output", None, 1)])
+    store.finish_turn(sessions, first.turn_id, "completed", None)
+    return first
+
+
 def test_the_kept_transcript_is_what_sql_says_after_each_step(
     db_sessions: sessionmaker[Session], make_user: Callable[[], tuple[str, str]]
 ) -> None:
     user_id, _ = make_user()
     conversation_id = make_conversation(db_sessions, user_id)
-    first = _started(db_sessions, user_id, conversation_id, "earlier turn", 1)
-    _msg, [old] = _step(db_sessions, first, "read_file")
-    store.record_results(db_sessions, [store.ResultRow(old.id, "ok", "old output", None, 1)])
-    store.finish_turn(db_sessions, first.turn_id, "completed", None)
+    _an_ended_turn(db_sessions, user_id, conversation_id, "earlier turn")
     info = _started(db_sessions, user_id, conversation_id, "this turn", 2)
     kept = RunningTranscript(conversation_id)
 
@@ -96,10 +105,7 @@ def test_after_a_compaction_note_the_kept_transcript_is_the_note_and_what_follow
 ) -> None:
     user_id, _ = make_user()
     conversation_id = make_conversation(db_sessions, user_id)
-    first = _started(db_sessions, user_id, conversation_id, "folded away", 1)
-    _msg, [old] = _step(db_sessions, first, "read_file")
-    store.record_results(db_sessions, [store.ResultRow(old.id, "ok", "old output", None, 1)])
-    store.finish_turn(db_sessions, first.turn_id, "completed", None)
+    first = _an_ended_turn(db_sessions, user_id, conversation_id, "folded away")
     with db_sessions() as s:
         through = max(s.scalars(select(Message.seq).where(Message.turn_id == first.turn_id)))
     with db_sessions() as s, s.begin():

@@ -33,6 +33,11 @@ def app(redis_url: str) -> Iterator[Celery]:
     celery.close()
 
 
+def _key(app: Celery, name: str) -> str:
+    """The Redis key of the transport's ``name`` (a queue, ``unacked``) under the app's prefix."""
+    return f"{app.conf.broker_transport_options['global_keyprefix']}{name}"
+
+
 @pytest.fixture
 def built(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Every client a kombu Redis channel builds, in order."""
@@ -52,19 +57,18 @@ def built(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 def test_publishing_delivering_and_acknowledging_build_one_client(
     app: Celery, built: list[Any], redis_client: redis.Redis
 ) -> None:
-    prefix = app.conf.broker_transport_options["global_keyprefix"]
-    queue = "client-reuse"
+    queue, unacked = "client-reuse", _key(app, "unacked")
     with app.connection() as conn:
         channel: Any = conn.default_channel  # kombu's Redis channel (its stubs: StdChannel)
         for n in range(MESSAGES):
             app.send_task("noop", args=[n], queue=queue, connection=conn)  # on its channel
-        assert redis_client.llen(f"{prefix}{queue}") == MESSAGES  # they are really in Redis
+        assert redis_client.llen(_key(app, queue)) == MESSAGES  # they are really in Redis
         taken = [channel.basic_get(queue, no_ack=False) for _ in range(MESSAGES)]
         assert all(message is not None for message in taken)
-        assert redis_client.hlen(f"{prefix}unacked") == MESSAGES  # each delivery recorded
+        assert redis_client.hlen(unacked) == MESSAGES  # each delivery recorded
         for message in taken:
             message.ack()
-        assert redis_client.hlen(f"{prefix}unacked") == 0  # and each acknowledgement
+        assert redis_client.hlen(unacked) == 0  # and each acknowledgement
 
         # One client for every command of the channel (kombu's own built 3 a message), and
         # the one kombu keeps itself for BRPOP on its second pool (built when it connected).
@@ -74,16 +78,14 @@ def test_publishing_delivering_and_acknowledging_build_one_client(
 def test_a_channel_with_new_pools_builds_a_client_on_the_new_pool(
     app: Celery, built: list[Any], redis_client: redis.Redis
 ) -> None:
-    prefix = app.conf.broker_transport_options["global_keyprefix"]
-    queue = "client-reuse-reconnect"
     with app.connection() as conn:
         channel: Any = conn.default_channel
-        app.send_task("noop", queue=queue, connection=conn)
+        app.send_task("noop", queue="client-reuse-new-pool", connection=conn)
         old_pool = channel.pool
         channel._disconnect_pools()  # what kombu does after a fork
-        app.send_task("noop", queue=queue, connection=conn)
+        app.send_task("noop", queue="client-reuse-new-pool", connection=conn)
 
-        assert redis_client.llen(f"{prefix}{queue}") == 2
+        assert redis_client.llen(_key(app, "client-reuse-new-pool")) == 2
         on_sync_pools = [c.connection_pool for c in built if c is not channel.client]
         assert on_sync_pools == [old_pool, channel.pool]
         assert channel.pool is not old_pool
