@@ -61,7 +61,8 @@ class _Span:
 
 
 def latest_note(db: Session | Connection, conversation_id: str) -> tuple[int, str] | None:
-    """The newest note's ``(through_seq, summary)``, or None: one statement built once."""
+    """The conversation's newest compaction note (it covers the most) as ``(through_seq,
+    summary)``, or None: one statement built once."""
     row = db.execute(_LATEST_NOTE, {"conversation_id": conversation_id}).first()
     return (row[0], row[1]) if row is not None else None
 
@@ -72,16 +73,6 @@ _LATEST_NOTE = (
     .order_by(Compaction.through_seq.desc())
     .limit(1)
 )
-
-
-def latest(session: Session, conversation_id: str) -> Compaction | None:
-    """The conversation's newest compaction note (it covers the most), or None."""
-    return session.scalar(
-        select(Compaction)
-        .where(Compaction.conversation_id == conversation_id)
-        .order_by(Compaction.through_seq.desc())
-        .limit(1)
-    )
 
 
 def with_note(messages: list[dict[str, Any]], summary: str | None) -> list[dict[str, Any]]:
@@ -97,13 +88,14 @@ def with_note(messages: list[dict[str, Any]], summary: str | None) -> list[dict[
 
 def load(
     session: Session, runner: TurnRunner, notes: ProposalNotes
-) -> tuple[list[dict[str, Any]], Compaction | None]:
-    """The conversation's messages as sent: after its latest note, with the note."""
+) -> tuple[list[dict[str, Any]], tuple[int, str] | None]:
+    """The conversation's messages as sent: after its latest note, with the note; and the
+    note's ``(through_seq, summary)``."""
     conversation_id = runner.info.conversation_id
-    note = latest(session, conversation_id)
-    after = note.through_seq if note is not None else 0
+    note = latest_note(session, conversation_id)
+    after, summary = note if note is not None else (0, None)
     messages = load_messages(session, conversation_id, notes=notes, after_seq=after)
-    return with_note(messages, note.summary if note is not None else None), note
+    return with_note(messages, summary), note
 
 
 def _spans(session: Session, runner: TurnRunner, after_seq: int) -> list[_Span]:
@@ -142,7 +134,7 @@ def compact(
     the messages to send then, or None when there is no earlier turn to fold."""
     with runner.rt.sessions() as s:
         before, previous = load(s, runner, notes)
-        after = previous.through_seq if previous is not None else 0
+        after, previous_summary = previous if previous is not None else (0, None)
         spans = _spans(s, runner, after)
         if not spans:
             return None
@@ -152,7 +144,7 @@ def compact(
         old = load_messages(
             s, runner.info.conversation_id, notes=notes, after_seq=after, through_seq=through
         )
-    summary = _summarise(runner, previous.summary if previous is not None else None, old, budget)
+    summary = _summarise(runner, previous_summary, old, budget)
     with runner.rt.sessions() as s:
         kept = load_messages(s, runner.info.conversation_id, notes=notes, after_seq=through)
     messages = with_note(kept, summary)
