@@ -19,7 +19,7 @@ from signalbox.shared.db.models import (
 )
 from signalbox.shared.db.plans import PlanStep
 from signalbox.shared.db.schedules import Alarm, Schedule, ScheduleRun
-from signalbox.shared.db.session import make_engine, make_session_factory
+from signalbox.shared.db.session import make_engine, make_session_factory, standalone
 from signalbox.shared.db.tenancy import AdmissionLock, BudgetWarning, UserLimits
 from signalbox.shared.db.webhooks import Webhook, WebhookDelivery
 
@@ -50,4 +50,5 @@ __all__ = [
     "Workspace",
     "make_engine",
     "make_session_factory",
+    "standalone",
 ]

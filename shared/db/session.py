@@ -1,13 +1,30 @@
-"""Engine and session factory; SQLite gets WAL and a busy timeout so services can share it."""
+"""Engine and session factory; SQLite gets WAL and a busy timeout so services can share it.
+
+A PostgreSQL connection taken from the pool is pinged only when it sat there a while
+(``PING_AFTER_IDLE_S``), not at every checkout as ``pool_pre_ping`` does: a turn checks a
+connection out some twenty times, back to back, and each ping was a round trip. Statements
+that each stand alone can skip the transaction's round trips too (``standalone``).
+"""
 
 from __future__ import annotations
 
+import time
+import weakref
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, exc
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000  # several processes write one SQLite file in `signalbox up`
+# A pooled PostgreSQL connection idle at least this long is pinged before it is handed out,
+# and replaced if the ping fails: a server restart (or an idle timeout of the server or a
+# proxy) left it dead. One used less than this ago is handed out as it is; if the server
+# went away in that window the next statement fails once, and SQLAlchemy's disconnect
+# handling then replaces every connection of the pool (docs/operations.md).
+PING_AFTER_IDLE_S = 1.0
+_CHECKED_IN_AT = "signalbox_checked_in_at"
+_STANDALONE: weakref.WeakKeyDictionary[Engine, Engine] = weakref.WeakKeyDictionary()
 
 
 def _normalise(url: str) -> str:
@@ -16,8 +33,9 @@ def _normalise(url: str) -> str:
     return url
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for ``url`` (sqlite:///… or postgresql://…)."""
+def make_engine(url: str, ping_after_idle_s: float = PING_AFTER_IDLE_S) -> Engine:
+    """An engine for ``url`` (sqlite:///… or postgresql://…); ``ping_after_idle_s``: see
+    ``PING_AFTER_IDLE_S`` (PostgreSQL)."""
     url = _normalise(url)
     if url.startswith("sqlite"):
         engine = create_engine(
@@ -34,7 +52,51 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    engine = create_engine(url, pool_size=10, max_overflow=20)
+    ping_after_idle(engine, ping_after_idle_s)
+    return engine
+
+
+def ping_after_idle(engine: Engine, idle_s: float) -> None:
+    """Ping a pooled connection at checkout when it was checked in ``idle_s`` or more ago.
+
+    A failed ping raises ``DisconnectionError``, on which the pool discards the connection
+    and checks out a fresh one (SQLAlchemy's pessimistic disconnect handling, by event). A
+    connection just opened is not pinged.
+    """
+
+    @event.listens_for(engine, "checkin")
+    def _checked_in(_dbapi_conn: Any, record: ConnectionPoolEntry) -> None:
+        record.info[_CHECKED_IN_AT] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checked_out(
+        dbapi_conn: Any, record: ConnectionPoolEntry, _proxy: PoolProxiedConnection
+    ) -> None:
+        checked_in_at = record.info.get(_CHECKED_IN_AT)
+        if checked_in_at is None or time.monotonic() - checked_in_at < idle_s:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except engine.dialect.loaded_dbapi.Error as error:
+            raise exc.DisconnectionError(f"pooled connection failed its ping: {error}") from error
+
+
+def standalone(engine: Engine) -> Engine:
+    """``engine`` for connections whose statements each stand alone: reads, or one write.
+
+    On PostgreSQL they run in autocommit: no ``BEGIN`` before the first statement and no
+    ``ROLLBACK`` or ``COMMIT`` after the last, two round trips fewer per use. Each statement
+    still sees what was committed when it began, as it does in a transaction at READ
+    COMMITTED (PostgreSQL's default, and these engines'); a single write is atomic on its
+    own. SQLite's driver begins no transaction before a read, so SQLite gets ``engine``.
+    """
+    if engine.dialect.name != "postgresql":
+        return engine
+    found = _STANDALONE.get(engine)
+    if found is None:
+        found = _STANDALONE[engine] = engine.execution_options(isolation_level="AUTOCOMMIT")
+    return found
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -1,0 +1,114 @@
+"""Pooled connections (shared/db/session.py): a connection the server dropped while it sat in
+the pool is replaced before use; a standalone connection (autocommit on PostgreSQL) leaves
+no trace on the pooled connection the next transaction gets."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, create_engine, exc, text
+
+from signalbox.shared.db import make_engine, standalone
+from tests.databases import on_postgres, own_database
+
+on_postgres_only = pytest.mark.skipif(
+    not on_postgres(), reason="pings and autocommit are PostgreSQL's (SIGNALBOX_DATABASE_URL)"
+)
+GONE_DEADLINE_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with own_database(tmp_path_factory.mktemp("connections"), "connections") as found:
+        yield found
+
+
+def _backend_pid(engine: Engine) -> int:
+    with engine.connect() as conn:
+        pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+    assert isinstance(pid, int)
+    return pid
+
+
+def _terminate(url: str, pid: int) -> None:
+    """End backend ``pid`` from another connection, as a server restart would, and wait
+    until the server no longer lists it."""
+    admin = create_engine(make_engine(url).url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            assert conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar()
+            deadline = time.monotonic() + GONE_DEADLINE_S
+            listed = text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid")
+            while conn.execute(listed, {"pid": pid}).scalar_one():
+                assert time.monotonic() < deadline, f"backend {pid} still listed"
+    finally:
+        admin.dispose()
+
+
+@on_postgres_only
+def test_a_connection_dropped_while_idle_in_the_pool_is_replaced_before_use(url: str) -> None:
+    engine = make_engine(url, ping_after_idle_s=0.0)  # every reused connection counts as idle
+    try:
+        first = _backend_pid(engine)
+        _terminate(url, first)
+        assert _backend_pid(engine) != first  # no error: the ping found it dead
+    finally:
+        engine.dispose()
+
+
+@on_postgres_only
+def test_a_connection_dropped_just_after_use_fails_once_then_the_pool_is_fresh(url: str) -> None:
+    # The trade the ping's idle threshold makes: a connection checked in moments ago is
+    # handed out unpinged. Its statement fails, as one in flight would, and SQLAlchemy's
+    # disconnect handling replaces the pool's connections; the next use works.
+    engine = make_engine(url, ping_after_idle_s=3600.0)
+    try:
+        first = _backend_pid(engine)
+        _terminate(url, first)
+        with pytest.raises(exc.DBAPIError) as failed:
+            _backend_pid(engine)
+        assert failed.value.connection_invalidated
+        assert _backend_pid(engine) != first
+    finally:
+        engine.dispose()
+
+
+@on_postgres_only
+def test_a_standalone_read_leaves_no_transaction_open(url: str) -> None:
+    engine = make_engine(url)
+    try:
+        with standalone(engine).connect() as conn:
+            conn.execute(text("SELECT 1"))
+            dbapi = conn.connection.dbapi_connection
+            assert dbapi is not None
+            # In a transaction the read would have opened one (INTRANS); autocommit: IDLE.
+            assert dbapi.info.transaction_status.name == "IDLE"
+    finally:
+        engine.dispose()
+
+
+def test_a_transaction_on_a_connection_a_standalone_use_returned_still_rolls_back(
+    url: str,
+) -> None:
+    # Used one after the other, the pool hands the transaction the very connection the
+    # standalone write ran on: had autocommit stayed on it, the failed insert would stay.
+    engine = make_engine(url)
+    try:
+        table = f"standalone_probe_{time.monotonic_ns()}"
+        with engine.begin() as conn:
+            conn.execute(text(f"CREATE TABLE {table} (x INTEGER)"))
+        with standalone(engine).connect() as conn:
+            conn.execute(text(f"INSERT INTO {table} VALUES (1)"))
+            conn.commit()  # SQLite's: standalone is the plain engine there
+            used = conn.connection.dbapi_connection
+        with pytest.raises(RuntimeError), engine.begin() as conn:
+            assert conn.connection.dbapi_connection is used
+            conn.execute(text(f"INSERT INTO {table} VALUES (2)"))
+            raise RuntimeError("the transaction fails after its insert")
+        with engine.connect() as conn:
+            kept = conn.execute(text(f"SELECT x FROM {table} ORDER BY x")).scalars().all()
+        assert kept == [1]  # the standalone write stays; the failed transaction's does not
+    finally:
+        engine.dispose()
