@@ -80,6 +80,13 @@ def connect(sessions: Sessions) -> Connection:
     return standalone(_engine(sessions)).connect()
 
 
+def reading(sessions: Sessions) -> Session:
+    """A ``Session`` for reads alone, on ``connect``'s engine: on PostgreSQL no ``BEGIN``
+    before them and no ``ROLLBACK`` after (and psycopg forgets every statement it prepared
+    on a connection at each ``ROLLBACK``)."""
+    return Session(standalone(_engine(sessions)), expire_on_commit=False)
+
+
 def transaction(sessions: Sessions) -> AbstractContextManager[Connection]:
     """``engine.begin()`` of ``sessions``' engine: Core statements in one transaction."""
     return _engine(sessions).begin()
@@ -168,7 +175,7 @@ _LOAD_TURN = (
 
 def load_turn(sessions: Sessions, turn_id: str) -> TurnInfo | None:
     """The turn and its conversation, or None if there is no such turn."""
-    with sessions() as s:
+    with reading(sessions) as s:
         row = s.execute(_LOAD_TURN, {"turn_id": turn_id}).first()
     if row is None:
         return None
@@ -826,7 +833,7 @@ _CANCEL_REQUESTED = select(Turn.cancel_requested).where(Turn.id == bindparam("tu
 
 def open_calls(sessions: Sessions, turn_id: str) -> list[ToolCall]:
     """Calls of the turn that have not ended."""
-    with sessions() as s:
+    with reading(sessions) as s:
         return list(s.scalars(_OPEN_CALLS, {"turn_id": turn_id}))
 
 

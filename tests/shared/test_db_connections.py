@@ -1,6 +1,7 @@
 """Pooled connections (shared/db/session.py): a connection the server dropped while it sat in
 the pool is replaced before use; a standalone connection (autocommit on PostgreSQL) leaves
-no trace on the pooled connection the next transaction gets."""
+no trace on the pooled connection the next transaction gets; the turn loop's reads keep the
+statements psycopg prepared on their connection."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import Engine, create_engine, exc, text
+from sqlalchemy.pool import QueuePool
 
-from signalbox.shared.db import make_engine, standalone
+from signalbox.services.orchestrator import store
+from signalbox.shared.db import make_engine, make_session_factory, standalone
 from tests.databases import on_postgres, own_database
 
 on_postgres_only = pytest.mark.skipif(
@@ -110,5 +113,27 @@ def test_a_transaction_on_a_connection_a_standalone_use_returned_still_rolls_bac
         with engine.connect() as conn:
             kept = conn.execute(text(f"SELECT x FROM {table} ORDER BY x")).scalars().all()
         assert kept == [1]  # the standalone write stays; the failed transaction's does not
+    finally:
+        engine.dispose()
+
+
+@on_postgres_only
+def test_the_turn_loops_reads_keep_the_statements_their_connection_prepared(url: str) -> None:
+    # psycopg prepares a statement on a connection after its fifth run there, and forgets
+    # them all at any ROLLBACK: a read that ended its transaction so never ran prepared.
+    engine = make_engine(url)
+    sessions = make_session_factory(engine)
+    try:
+        for _ in range(8):  # one after the other: the pool's one connection each time
+            assert store.load_turn(sessions, "turn_absent") is None
+            assert store.open_calls(sessions, "turn_absent") == []
+            with pytest.raises(LookupError):
+                store.loop_state(sessions, "turn_absent", "turn_absent")
+        with standalone(engine).connect() as conn:
+            prepared = conn.execute(text("SELECT statement FROM pg_prepared_statements"))
+            statements = prepared.scalars().all()
+        pool = engine.pool
+        assert isinstance(pool, QueuePool) and pool.checkedin() == 1  # one connection for all
+        assert len(statements) == 3, statements
     finally:
         engine.dispose()
