@@ -8,6 +8,7 @@ that each stand alone can skip the transaction's round trips too (``standalone``
 
 from __future__ import annotations
 
+import select
 import time
 import weakref
 from typing import Any
@@ -19,11 +20,12 @@ from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 SQLITE_BUSY_TIMEOUT_MS = 30_000  # several processes write one SQLite file in `signalbox up`
 # A pooled PostgreSQL connection idle at least this long is pinged before it is handed out,
 # and replaced if the ping fails: a server restart (or an idle timeout of the server or a
-# proxy) left it dead. One used less than this ago is handed out as it is; if the server
-# went away in that window the next statement fails once, and SQLAlchemy's disconnect
-# handling then replaces every connection of the pool (docs/operations.md).
+# proxy) left it dead. One used less than this ago is pinged only if the server wrote to
+# or closed its socket since (``_hung_up``: what a restart or a terminated backend does);
+# else it goes out as it is (docs/operations.md).
 PING_AFTER_IDLE_S = 1.0
 _CHECKED_IN_AT = "signalbox_checked_in_at"
+_POLLRDHUP = getattr(select, "POLLRDHUP", 0)  # Linux: the peer closed its end
 _STANDALONE: weakref.WeakKeyDictionary[Engine, Engine] = weakref.WeakKeyDictionary()
 
 
@@ -58,7 +60,8 @@ def make_engine(url: str, ping_after_idle_s: float = PING_AFTER_IDLE_S) -> Engin
 
 
 def ping_after_idle(engine: Engine, idle_s: float) -> None:
-    """Ping a pooled connection at checkout when it was checked in ``idle_s`` or more ago.
+    """Ping a pooled connection at checkout when it was checked in ``idle_s`` or more ago,
+    or when the server has written to it since (``_hung_up``).
 
     A failed ping raises ``DisconnectionError``, on which the pool discards the connection
     and checks out a fresh one (SQLAlchemy's pessimistic disconnect handling, by event). A
@@ -74,12 +77,31 @@ def ping_after_idle(engine: Engine, idle_s: float) -> None:
         dbapi_conn: Any, record: ConnectionPoolEntry, _proxy: PoolProxiedConnection
     ) -> None:
         checked_in_at = record.info.get(_CHECKED_IN_AT)
-        if checked_in_at is None or time.monotonic() - checked_in_at < idle_s:
+        if checked_in_at is None:
+            return
+        if time.monotonic() - checked_in_at < idle_s and not _hung_up(dbapi_conn):
             return
         try:
             engine.dialect.do_ping(dbapi_conn)
         except engine.dialect.loaded_dbapi.Error as error:
             raise exc.DisconnectionError(f"pooled connection failed its ping: {error}") from error
+
+
+def _hung_up(dbapi_conn: Any) -> bool:
+    """Whether the server wrote to, or closed, a connection that sits in the pool.
+
+    No statement is waiting on a pooled connection, so anything readable on its socket is
+    the server's doing: on a restart or a ``pg_terminate_backend`` it sends its goodbye and
+    closes (rarely, a parameter status or a notice; the ping that follows then passes). One
+    ``poll`` of the socket, no round trip.
+    """
+    try:
+        fd = dbapi_conn.fileno()
+    except Exception:  # the driver closed it already: let the ping find out
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLPRI | _POLLRDHUP)
+    return bool(poller.poll(0))
 
 
 def standalone(engine: Engine) -> Engine:
