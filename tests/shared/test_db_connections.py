@@ -51,21 +51,20 @@ def _terminate(url: str, pid: int) -> None:
 
 
 @on_postgres_only
-def test_a_connection_dropped_while_idle_in_the_pool_is_replaced_before_use(url: str) -> None:
-    engine = make_engine(url, ping_after_idle_s=0.0)  # every reused connection counts as idle
-    try:
-        first = _backend_pid(engine)
-        _terminate(url, first)
-        assert _backend_pid(engine) != first  # no error: the ping found it dead
-    finally:
-        engine.dispose()
-
-
-@on_postgres_only
-def test_a_connection_dropped_just_after_use_is_replaced_too(url: str) -> None:
-    # Checked in moments ago, so not pinged for its age: what the server wrote to its
-    # socket on the way out (its goodbye, then the close) is what gets it pinged.
-    engine = make_engine(url, ping_after_idle_s=3600.0)
+@pytest.mark.parametrize(
+    "ping_after_idle_s",
+    [
+        # Every reused connection counts as idle: pinged for its age.
+        pytest.param(0.0, id="dropped-while-idle"),
+        # Checked in moments ago, so not pinged for its age: what the server wrote to its
+        # socket on the way out (its goodbye, then the close) is what gets it pinged.
+        pytest.param(3600.0, id="dropped-just-after-use"),
+    ],
+)
+def test_a_connection_the_server_dropped_in_the_pool_is_replaced_before_use(
+    url: str, ping_after_idle_s: float
+) -> None:
+    engine = make_engine(url, ping_after_idle_s=ping_after_idle_s)
     try:
         first = _backend_pid(engine)
         _terminate(url, first)
