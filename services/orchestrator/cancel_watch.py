@@ -110,7 +110,9 @@ class CancelFeed:
                         failures = 0
                     elif message.get("type") == "message":
                         self._heard(message["data"])
-            except (redis.RedisError, OSError, ValueError) as exc:
+            # TypeError: redis-py's reader, when the pool's ``disconnect`` closed the
+            # connection under a read (its socket is gone: ``None`` has no ``fileno``).
+            except (redis.RedisError, OSError, ValueError, TypeError) as exc:
                 with self._lock:
                     if self._subscribed.is_set():
                         self._subscribed = threading.Event()

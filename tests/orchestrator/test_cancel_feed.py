@@ -97,3 +97,22 @@ def test_a_turn_starting_while_redis_is_away_goes_on_without_the_feed(
             assert not watch.is_set()  # no ConnectionError: the turn goes on
     finally:
         client.close()
+
+
+def test_the_feed_outlives_its_connection_closed_under_it(redis_url: str) -> None:
+    # Closing a pool's connections (``disconnect``) while the feed waits in a read leaves
+    # redis-py's reader with no socket: it raised TypeError, and the feed's thread died, so
+    # no cancel was heard promptly again in that process.
+    client = redis.Redis.from_url(redis_url)
+    channel = f"test:control:{uuid.uuid4().hex}"
+    try:
+        with CancelWatch(client, channel, "turn-a") as watch:
+            client.connection_pool.disconnect()
+
+            def heard() -> bool:
+                _cancel(client, channel, "turn-a")  # again until the resubscribed feed hears
+                return watch.is_set()
+
+            wait_for(heard, what="a cancel after the feed's connection was closed")
+    finally:
+        client.close()
