@@ -5,6 +5,8 @@ database of the server at ``POSTGRES_URL``, ``TURNS`` times (default 10) after a
 counted in the driver: statements, the transaction commands psycopg sends around them
 (``BEGIN``, ``COMMIT``, ``ROLLBACK``, ``DEALLOCATE``), the pool's pings, and how psycopg
 ran each execution (``prepared: YES``; an ``executemany`` counts one per row, a ping one).
+An execution that prepares its statement (``prepared: SHOULD``) costs a round trip of its
+own for the ``PREPARE`` before the one that runs it, and the total counts it.
 Counts, unlike times, do not move with the machine; bench/analysis.md ("eleventh pass")
 quotes them.
 
@@ -95,6 +97,7 @@ def main(argv: list[str]) -> int:
     finally:
         env.stop()
     trips = sum(n for what, n in counts.seen.items() if not what.startswith("prepared"))
+    trips += counts.seen["prepared: SHOULD"]  # its PREPARE went alone, before the run
     print(f"{count} turns of {turns.MODEL_STEPS} model steps; per turn:")
     for what, n in sorted(counts.seen.items()):
         print(f"  {what:<22} {n / count:6.1f}")

@@ -170,7 +170,7 @@ def request(runner: TurnRunner, offered: dict[str, Offer], harder: bool = False)
     settings = runner.rt.settings
     system = runner.agent.system_prompt  # the turn's agent's (shared/agents.py)
     notes: ProposalNotes = {}
-    with store.connect(runner.rt.sessions) as conn:
+    with store.standalone_connection(runner.rt.sessions) as conn:
         # A sub-agent proposes nothing: it has read-only tools alone, and no notes.
         notes = {} if runner.child else proposal_notes(runner, conn)
         # Read from SQL at the runner's first step, kept in memory after (see the module).

@@ -16,7 +16,7 @@ from signalbox.services.orchestrator.metrics import TOOLS
 from signalbox.services.orchestrator.model import Model
 from signalbox.services.orchestrator.policy import ToolPolicy
 from signalbox.services.orchestrator.pricing import PriceTable
-from signalbox.services.orchestrator.store import Sessions, connect, utcnow
+from signalbox.services.orchestrator.store import Sessions, standalone_connection, utcnow
 from signalbox.services.orchestrator.token_count import TokenCounter
 from signalbox.services.orchestrator.tool_slots import ToolSlots
 from signalbox.shared.admission import Limits, admit, anyone_waiting
@@ -75,7 +75,7 @@ class Runtime:
         limits = Limits.of(self.settings)
         deployment = self.settings.redis_prefix
         if if_waiting:
-            with connect(self.sessions) as conn:
+            with standalone_connection(self.sessions) as conn:
                 if not anyone_waiting(conn, deployment):
                     return []
         with self.sessions() as s, s.begin():

@@ -73,18 +73,21 @@ def _engine(sessions: Sessions) -> Engine:
     return engine
 
 
-def connect(sessions: Sessions) -> Connection:
+def standalone_connection(sessions: Sessions) -> Connection:
     """A bare connection of ``sessions``' engine for Core statements that each stand alone:
     reads, or a single write (``shared.db.standalone``: on PostgreSQL in autocommit, with no
-    transaction's round trips). A ``Session`` costs about 0.1 ms more per use."""
+    transaction's round trips). A ``Session`` costs about 0.1 ms more per use.
+
+    Each statement commits as it ends: two writes that must land together take
+    ``transaction`` instead."""
     return standalone(_engine(sessions)).connect()
 
 
 def reading(sessions: Sessions) -> Session:
-    """A ``Session`` for reads alone, on ``connect``'s engine: on PostgreSQL no ``BEGIN``
-    before them and no ``ROLLBACK`` after (and psycopg forgets every statement it prepared
-    on a connection at each ``ROLLBACK``)."""
-    return Session(standalone(_engine(sessions)), expire_on_commit=False)
+    """A ``Session`` of ``sessions`` for reads alone, on ``standalone_connection``'s engine:
+    on PostgreSQL no ``BEGIN`` before them and no ``ROLLBACK`` after (and psycopg forgets
+    every statement it prepared on a connection at each ``ROLLBACK``)."""
+    return sessions(bind=standalone(_engine(sessions)))
 
 
 def transaction(sessions: Sessions) -> AbstractContextManager[Connection]:
@@ -427,7 +430,7 @@ def loop_state(sessions: Sessions, turn_id: str, root_turn_id: str) -> LoopState
     """The turn's step, its root's cancel flag, its latest assistant message's calls and
     whether its user has a token budget, in ONE statement (it was five: the message, its
     calls, the cancel flag, the step, the user's limits)."""
-    with connect(sessions) as conn:
+    with standalone_connection(sessions) as conn:
         rows = conn.execute(_LOOP_STATE, {"turn_id": turn_id, "root_turn_id": root_turn_id}).all()
     if not rows:
         raise LookupError(f"no turn {turn_id!r}")
@@ -601,7 +604,7 @@ def mark_running(sessions: Sessions, calls: Sequence[ToolCall]) -> list[ToolCall
     if not calls:
         return []
     now = utcnow()
-    with connect(sessions) as conn:  # one statement: atomic on its own
+    with standalone_connection(sessions) as conn:  # one statement: atomic on its own
         rows = conn.execute(_MARK_RUNNING, {"ids": [c.id for c in calls], "now": now})
         moved: dict[str, int] = {call_id: attempts for call_id, attempts in rows}
         conn.commit()  # SQLite's; PostgreSQL's autocommit committed it already
@@ -697,7 +700,7 @@ def _waited_ms(
 
 def decision_wait_ms(sessions: Sessions, call: ToolCall) -> int:
     """``waited_ms`` of a call that ended at its decision (denied, or expired undecided)."""
-    with connect(sessions) as conn:
+    with standalone_connection(sessions) as conn:
         end = as_utc(call.finished_at) if call.finished_at else utcnow()
         return _waited_ms(conn, call.message_id, call.decision or "?", None, None, end)
 

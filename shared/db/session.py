@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import select
 import time
-import weakref
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, exc
@@ -26,7 +25,7 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000  # several processes write one SQLite file in `s
 PING_AFTER_IDLE_S = 1.0
 _CHECKED_IN_AT = "signalbox_checked_in_at"
 _POLLRDHUP = getattr(select, "POLLRDHUP", 0)  # Linux: the peer closed its end
-_STANDALONE: weakref.WeakKeyDictionary[Engine, Engine] = weakref.WeakKeyDictionary()
+_STANDALONE = "_signalbox_standalone"  # the attribute on an engine that keeps its twin
 
 
 def _normalise(url: str) -> str:
@@ -110,14 +109,18 @@ def standalone(engine: Engine) -> Engine:
     On PostgreSQL they run in autocommit: no ``BEGIN`` before the first statement and no
     ``ROLLBACK`` or ``COMMIT`` after the last, two round trips fewer per use. Each statement
     still sees what was committed when it began, as it does in a transaction at READ
-    COMMITTED (PostgreSQL's default, and these engines'); a single write is atomic on its
-    own. SQLite's driver begins no transaction before a read, so SQLite gets ``engine``.
+    COMMITTED (the server's default, which these engines keep); a single write is atomic on
+    its own. SQLite's driver begins no transaction before a read, so SQLite gets ``engine``.
+
+    The twin shares ``engine``'s pool and is made once, then kept on ``engine`` itself: it
+    lives exactly as long as ``engine`` does.
     """
     if engine.dialect.name != "postgresql":
         return engine
-    found = _STANDALONE.get(engine)
+    found: Engine | None = getattr(engine, _STANDALONE, None)
     if found is None:
-        found = _STANDALONE[engine] = engine.execution_options(isolation_level="AUTOCOMMIT")
+        found = engine.execution_options(isolation_level="AUTOCOMMIT")
+        setattr(engine, _STANDALONE, found)
     return found
 
 

@@ -62,7 +62,7 @@ def test_the_kept_transcript_is_what_sql_says_after_each_step(
             return load_messages(s, conversation_id, notes={})
 
     def sent() -> list[dict[str, object]]:
-        with store.connect(db_sessions) as conn:  # as model_step.request reads it
+        with store.standalone_connection(db_sessions) as conn:  # as model_step.request reads it
             return kept.sent(conn, {})
 
     assert sent() == truth()  # the first read is SQL's
@@ -96,7 +96,7 @@ def test_the_kept_transcript_is_what_sql_says_after_each_step(
     ]
 
     # A new runner (a resumed turn) starts from SQL alone.
-    with store.connect(db_sessions) as conn:
+    with store.standalone_connection(db_sessions) as conn:
         assert RunningTranscript(conversation_id).sent(conn, {}) == truth()
 
 
@@ -124,7 +124,7 @@ def test_after_a_compaction_note_the_kept_transcript_is_the_note_and_what_follow
     info = _started(db_sessions, user_id, conversation_id, "after the note", 2)
     _step(db_sessions, info, "read_file")
 
-    with store.connect(db_sessions) as conn:
+    with store.standalone_connection(db_sessions) as conn:
         kept = RunningTranscript(conversation_id).sent(conn, {})
     with db_sessions() as s:
         after = load_messages(s, conversation_id, notes={}, after_seq=through)
@@ -147,7 +147,7 @@ def test_a_child_turns_kept_transcript_is_its_own_messages_alone(
     store.open_turn(db_sessions, child, "test-model")
     _step(db_sessions, child, "read_file")
 
-    with store.connect(db_sessions) as conn:
+    with store.standalone_connection(db_sessions) as conn:
         kept = RunningTranscript(conversation_id, child_id).sent(conn, {})
         whole = RunningTranscript(conversation_id).sent(conn, {})
     with db_sessions() as s:

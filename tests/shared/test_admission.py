@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from signalbox.services.orchestrator.store import connect
+from signalbox.services.orchestrator.store import standalone_connection
 from signalbox.shared.admission import Limits, admit, anyone_waiting, waiting_by_user
 from signalbox.shared.db import Conversation, Turn, UserLimits
 from signalbox.shared.db.models import now
@@ -227,7 +227,7 @@ def test_skipping_the_pass_when_none_waits_strands_no_turn(
     admitted: list[str] = []
 
     def orchestrator_check() -> None:
-        with connect(queue.sessions) as conn:  # a bare connection, as the orchestrator asks
+        with standalone_connection(queue.sessions) as conn:  # as the orchestrator asks
             waiting = anyone_waiting(conn, queue.deployment)
         if waiting:
             admitted.extend(queue.admit(limits))
@@ -262,7 +262,7 @@ def test_racing_checks_and_inserts_leave_no_turn_waiting_for_a_free_slot(
         try:
             start.wait(timeout=30)
             queue.set(turn_id, status=TurnState.COMPLETED)
-            with connect(queue.sessions) as conn:  # a bare connection, as the orchestrator asks
+            with standalone_connection(queue.sessions) as conn:  # as the orchestrator asks
                 waiting = anyone_waiting(conn, queue.deployment)
             if waiting:
                 queue.admit(limits)

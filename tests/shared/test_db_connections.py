@@ -5,11 +5,14 @@ statements psycopg prepared on their connection."""
 
 from __future__ import annotations
 
+import gc
 import time
+import weakref
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, text
 from sqlalchemy.pool import QueuePool
 
 from signalbox.services.orchestrator import store
@@ -20,6 +23,7 @@ on_postgres_only = pytest.mark.skipif(
     not on_postgres(), reason="pings and autocommit are PostgreSQL's (SIGNALBOX_DATABASE_URL)"
 )
 GONE_DEADLINE_S = 10.0
+GONE_POLL_S = 0.01
 
 
 @pytest.fixture(scope="module")
@@ -38,14 +42,15 @@ def _backend_pid(engine: Engine) -> int:
 def _terminate(url: str, pid: int) -> None:
     """End backend ``pid`` from another connection, as a server restart would, and wait
     until the server no longer lists it."""
-    admin = create_engine(make_engine(url).url, isolation_level="AUTOCOMMIT")
+    admin = make_engine(url)
     try:
-        with admin.connect() as conn:
+        with standalone(admin).connect() as conn:
             assert conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar()
             deadline = time.monotonic() + GONE_DEADLINE_S
             listed = text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid")
             while conn.execute(listed, {"pid": pid}).scalar_one():
                 assert time.monotonic() < deadline, f"backend {pid} still listed"
+                time.sleep(GONE_POLL_S)
     finally:
         admin.dispose()
 
@@ -71,6 +76,46 @@ def test_a_connection_the_server_dropped_in_the_pool_is_replaced_before_use(
         assert _backend_pid(engine) != first  # no error: the ping found it dead
     finally:
         engine.dispose()
+
+
+@on_postgres_only
+def test_a_connection_used_moments_ago_goes_out_without_a_ping(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The point of pinging only after an idle second: a turn's back-to-back checkouts cost
+    # no round trip each. Counted at the dialect's ping, which every ping goes through.
+    engine = make_engine(url, ping_after_idle_s=3600.0)
+    pings: list[Any] = []
+    ping = engine.dialect.do_ping
+
+    def counted(dbapi_conn: Any) -> bool:
+        pings.append(dbapi_conn)
+        return ping(dbapi_conn)
+
+    monkeypatch.setattr(engine.dialect, "do_ping", counted)
+    try:
+        first = _backend_pid(engine)
+        for _ in range(5):
+            assert _backend_pid(engine) == first  # the same pooled connection each time
+        assert pings == []
+        engine.pool.dispose()
+        with engine.connect() as conn:  # a new connection: not pinged either
+            conn.execute(text("SELECT 1"))
+        assert pings == []
+    finally:
+        engine.dispose()
+
+
+@on_postgres_only
+def test_the_standalone_engine_is_made_once_and_freed_with_its_engine(url: str) -> None:
+    engine = make_engine(url)
+    twin = standalone(engine)
+    assert standalone(engine) is twin
+    assert twin.pool is engine.pool  # one pool: the twin opens no connections of its own
+    gone = weakref.ref(engine)
+    del engine, twin
+    gc.collect()
+    assert gone() is None
 
 
 @on_postgres_only
