@@ -15,12 +15,13 @@ from pathlib import Path
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from signalbox.shared.db import Proposal, UserLimits
+from signalbox.shared.db import Proposal
+from signalbox.shared.db.tenancy import own_limits
 
 
 def own_quota(session: Session, user_id: str, name: str) -> int | None:
     """The limit an admin set for ``user_id``'s quota ``name``; None: the deployment's."""
-    limits = session.get(UserLimits, user_id)
+    limits = own_limits(session, user_id)
     value = (limits.quotas or {}).get(name) if limits is not None else None
     return value if isinstance(value, int) else None
 

@@ -43,7 +43,7 @@ IdPath = Annotated[
 
 async def user_from_token(gateway: Gateway, token: str) -> User | None:
     """The user of a live API token, or None (the token itself is never logged)."""
-    return await gateway.db(lambda session: user_for_token(session, token))
+    return await gateway.read(lambda session: user_for_token(session, token))
 
 
 async def current_user(

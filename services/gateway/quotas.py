@@ -20,8 +20,9 @@ from sqlalchemy.orm import Session
 
 from signalbox.services.gateway.errors import QuotaExceeded
 from signalbox.services.gateway.metrics import GatewayMetrics, user_class
-from signalbox.shared.db import Conversation, Upload, User, UserLimits, Workspace
+from signalbox.shared.db import Conversation, Upload, User, Workspace
 from signalbox.shared.db.concurrency import lock_row
+from signalbox.shared.db.tenancy import own_limits
 from signalbox.shared.quotas import pending_proposals, workspace_bytes
 from signalbox.shared.settings import GatewaySettings
 
@@ -113,7 +114,7 @@ class Quotas:
     def limits_of(self, session: Session, user_id: str) -> dict[QuotaName, int]:
         """``user_id``'s quotas: their own where an admin set one, else the deployment's."""
         limits = deployment_limits(self.settings)
-        own = session.get(UserLimits, user_id)
+        own = own_limits(session, user_id)
         for name, value in ((own.quotas or {}) if own is not None else {}).items():
             if name in limits and isinstance(value, int):
                 limits[name] = value

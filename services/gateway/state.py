@@ -30,6 +30,7 @@ from signalbox.services.gateway.socket_clock import SocketClock, slot_for
 from signalbox.shared.admission import Limits, admit
 from signalbox.shared.celery_app import make_celery, send_run_turn
 from signalbox.shared.db import make_engine, make_session_factory
+from signalbox.shared.db.session import reading
 from signalbox.shared.event_stream import AsyncEventStream
 from signalbox.shared.redis_clients import async_client, async_pool, is_sentinel, sync_client
 from signalbox.shared.redis_keys import RedisKeys
@@ -148,6 +149,16 @@ class Gateway:
                 result = fn(session)
                 session.commit()
                 return result
+
+        return await anyio.to_thread.run_sync(run)
+
+    async def read(self, fn: Callable[[Session], T]) -> T:
+        """Run ``fn``, which only reads, in a worker thread inside one ``reading`` session:
+        on PostgreSQL in autocommit, without a transaction's two round trips."""
+
+        def run() -> T:
+            with reading(self.sessions) as session:
+                return fn(session)
 
         return await anyio.to_thread.run_sync(run)
 

@@ -229,6 +229,9 @@ def _store_and_send(
     """
     now = gateway.clock()
     with gateway.sessions() as session:
+        # Held for the transaction: the budget check and a new conversation's workspace both
+        # read the user, and the Session's identity map keeps only objects something holds.
+        user = session.get(User, user_id)
         is_admin = check_budget(gateway, session, user_id, now)
         attached = owned_attachments(session, user_id, upload_ids)
         inserted = insert(session)
@@ -236,6 +239,7 @@ def _store_and_send(
         if inserted.created and attached:
             inserted.turn.attachments = [a.upload_id for a in attached]
         session.commit()
+    del user
     stored = _Stored(inserted)
     if not inserted.created:
         return stored

@@ -365,7 +365,7 @@ class WsSession:
     async def _count(self, frame_type: str) -> None:
         """Count the frame against the user's limits (``frames``, and its action's class)."""
         if self._user_class is None:
-            self._user_class = await self.gateway.db(lambda s: _user_class_of(s, self.user_id))
+            self._user_class = await self.gateway.read(lambda s: _user_class_of(s, self.user_id))
         action = FRAME_ACTIONS.get(frame_type)
         actions: list[Action] = ["frames"] if action is None else ["frames", action]
         await self.gateway.limits.hit_many(actions, self.user_id, self._user_class)
@@ -379,7 +379,7 @@ class WsSession:
             case Subscribe():
                 await self.subscribe(frame.conversation_id, frame.after, Ack(req=frame.req))
             case Unsubscribe():
-                await self.gateway.db(
+                await self.gateway.read(
                     lambda s: owned_conversation(s, user_id, frame.conversation_id)
                 )
                 subscription = self.subscriptions.get(frame.conversation_id)
@@ -424,7 +424,7 @@ class WsSession:
                 check_event_id(after)
             except ValueError as exc:
                 raise BadInput(str(exc)) from None
-        await self.gateway.db(lambda s: owned_conversation(s, self.user_id, conversation_id))
+        await self.gateway.read(lambda s: owned_conversation(s, self.user_id, conversation_id))
         old = self.subscriptions.pop(conversation_id, None)
         if old is not None:
             self.gateway.hub.unsubscribe(old)

@@ -17,7 +17,6 @@ from typing import Any, cast
 from sqlalchemy import (
     Connection,
     CursorResult,
-    Engine,
     Table,
     Update,
     bindparam,
@@ -44,6 +43,7 @@ from signalbox.shared.db.models import (
     User,
     as_utc,
 )
+from signalbox.shared.db.session import engine_of, reading
 from signalbox.shared.ids import new_id
 from signalbox.shared.statuses import CallDecision, CallState, Executor, TurnState
 from signalbox.shared.timestamps import rfc3339
@@ -66,11 +66,7 @@ SERVER, CLIENT, INLINE = Executor.SERVER, Executor.CLIENT, Executor.INLINE
 Sessions = sessionmaker[Session]
 
 
-def _engine(sessions: Sessions) -> Engine:
-    engine = sessions.kw.get("bind")
-    if not isinstance(engine, Engine):  # every factory here: make_session_factory(engine)
-        raise TypeError(f"the session factory is bound to {engine!r}, not to an engine")
-    return engine
+_engine = engine_of
 
 
 def standalone_connection(sessions: Sessions) -> Connection:
@@ -81,13 +77,6 @@ def standalone_connection(sessions: Sessions) -> Connection:
     Each statement commits as it ends: two writes that must land together take
     ``transaction`` instead."""
     return standalone(_engine(sessions)).connect()
-
-
-def reading(sessions: Sessions) -> Session:
-    """A ``Session`` of ``sessions`` for reads alone, on ``standalone_connection``'s engine:
-    on PostgreSQL no ``BEGIN`` before them and no ``ROLLBACK`` after (and psycopg forgets
-    every statement it prepared on a connection at each ``ROLLBACK``)."""
-    return sessions(bind=standalone(_engine(sessions)))
 
 
 def transaction(sessions: Sessions) -> AbstractContextManager[Connection]:

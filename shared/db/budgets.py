@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from signalbox.shared.db.models import ModelRequest
-from signalbox.shared.db.tenancy import UserLimits
+from signalbox.shared.db.tenancy import own_limits
 
 Period = Literal["day", "month"]
 PERIODS: tuple[Period, ...] = ("day", "month")
@@ -85,7 +85,7 @@ class BudgetState:
 
 def budget_limits(session: Session, user_id: str) -> dict[Period, int]:
     """The budgets set for ``user_id``, by period (none: empty)."""
-    limits = session.get(UserLimits, user_id)
+    limits = own_limits(session, user_id)
     if limits is None:
         return {}
     found: dict[Period, int | None] = {"day": limits.day_tokens, "month": limits.month_tokens}

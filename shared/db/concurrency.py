@@ -11,7 +11,9 @@ resent first message must find the turn its first send stored), the writers seri
 a row they all share. A no-op update takes it: PostgreSQL's row lock (the value does not
 change, so it is the weaker "no key update" lock that does not block foreign-key inserts),
 SQLite's database write lock. ``SELECT ... FOR UPDATE`` would do on PostgreSQL only:
-SQLite ignores it.
+SQLite ignores it. A row is locked once per transaction: the checks of one submission (its
+first-message check, then each quota) ask for the user's row in turn, and only the first
+asks the server.
 """
 
 from __future__ import annotations
@@ -52,10 +54,39 @@ def insert_or_get(
 
 def lock_row(session: Session, model: type[Base], row_id: str) -> bool:
     """Hold ``model``'s row ``row_id`` (SQLite: the database) for writing until the transaction
-    ends; False if there is no such row."""
+    ends; False if there is no such row.
+
+    Asked again in the same transaction, it answers from what the first call found, with no
+    statement. A lock taken inside a savepoint is not remembered: rolling the savepoint back
+    releases it, so the next call takes it again.
+    """
+    nested = session.in_nested_transaction()
+    held = None if nested else _held_locks(session)
+    if held is not None and (model, row_id) in held:
+        return held[(model, row_id)]
     (pk,) = inspect(model).primary_key
     # It writes the key onto itself, so no loaded object changes: nothing for the ORM to
     # synchronise (by default it read the row's key back with a SELECT of its own).
     take = update(model).where(pk == row_id).values({pk.key: pk})
     result: Any = session.execute(take.execution_options(synchronize_session=False))
-    return bool(result.rowcount)
+    found = bool(result.rowcount)
+    if held is not None:
+        held[(model, row_id)] = found
+    return found
+
+
+def _held_locks(session: Session) -> dict[tuple[type[Base], str], bool]:
+    """The rows ``lock_row`` took in ``session``'s current transaction (its outermost)."""
+    return per_transaction(session, "signalbox_locked_rows")
+
+
+def per_transaction(session: Session, name: str) -> dict[Any, Any]:
+    """A dict kept in ``session.info`` under ``name`` for the life of the session's current
+    (outermost) transaction: a new transaction finds it empty. Begins the transaction if
+    none has begun yet (as the statement about to run would), so what is kept is its own."""
+    transaction = session.get_transaction() or session.begin()
+    kept = session.info.get(name)
+    if kept is None or kept[0] is not transaction:
+        kept = session.info[name] = (transaction, {})
+    found: dict[Any, Any] = kept[1]
+    return found

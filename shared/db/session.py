@@ -127,3 +127,19 @@ def standalone(engine: Engine) -> Engine:
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
     """Sessions that keep loaded objects usable after commit."""
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def engine_of(sessions: sessionmaker[Session]) -> Engine:
+    """The engine a factory of ``make_session_factory`` is bound to."""
+    engine = sessions.kw.get("bind")
+    if not isinstance(engine, Engine):  # every factory here: make_session_factory(engine)
+        raise TypeError(f"the session factory is bound to {engine!r}, not to an engine")
+    return engine
+
+
+def reading(sessions: sessionmaker[Session]) -> Session:
+    """A ``Session`` of ``sessions`` for reads alone, on ``standalone``'s engine: on
+    PostgreSQL no ``BEGIN`` before them and no ``ROLLBACK`` after (and psycopg forgets every
+    statement it prepared on a connection at each ``ROLLBACK``). Nothing it writes is kept
+    together: a write belongs in a transaction."""
+    return sessions(bind=standalone(engine_of(sessions)))

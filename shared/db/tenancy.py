@@ -12,8 +12,9 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import JSON, ForeignKey, Integer, String
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.orm import Mapped, Session, mapped_column
 
+from signalbox.shared.db.concurrency import per_transaction
 from signalbox.shared.db.models import Base, now
 
 
@@ -34,6 +35,27 @@ class UserLimits(Base):
     max_running_turns: Mapped[int | None] = mapped_column(Integer, default=None)
     weight: Mapped[int | None] = mapped_column(Integer, default=None)
     updated_at: Mapped[datetime] = mapped_column(default=now, onupdate=now)
+
+
+def own_limits(session: Session, user_id: str) -> UserLimits | None:
+    """``user_id``'s ``user_limits`` row, or None (the deployment's limits apply), read once
+    per transaction.
+
+    A submission asks for it up to three times (its budget, then the quota of conversations
+    and of workspaces), and most users have no row: the Session's identity map keeps no
+    "absent", nor an object nobody holds, so each ``session.get`` was a ``SELECT``. The
+    first answer stands for the transaction, but a row this transaction has since written
+    (``insert_or_get``, ``add``) is in the Session and is what later calls get.
+    """
+    seen = per_transaction(session, "signalbox_own_limits")
+    if user_id in seen and seen[user_id] is not None:
+        found: UserLimits | None = seen[user_id]
+        return found
+    if user_id in seen:  # absent when first asked: unless written since, in this Session
+        written = session.identity_map.get(session.identity_key(UserLimits, user_id))
+        return written if isinstance(written, UserLimits) else None
+    found = seen[user_id] = session.get(UserLimits, user_id)
+    return found
 
 
 class BudgetWarning(Base):

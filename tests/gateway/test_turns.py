@@ -11,7 +11,7 @@ import httpx
 import pytest
 import redis
 from celery.backends.base import DisabledBackend
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.services.gateway.state import Gateway
@@ -120,6 +120,35 @@ async def test_client_turn_id_makes_the_send_idempotent(
     assert [t.admitted_at is not None for t in turns] == [True, False]
     tasks = queued_turn_tasks(redis_client, gateway.keys)
     assert [args for _, args in tasks] == [[a["turn_id"]]]
+
+
+async def test_a_first_turn_locks_its_user_and_reads_their_limits_once(
+    gateway: LiveGateway, make_user: Users
+) -> None:
+    # The submission's checks (the resend check, the quota of conversations, the quota of
+    # workspaces; the budget, then each quota) each asked for the user's row lock and their
+    # limits: three UPDATEs and three SELECTs, one of each being enough for the transaction.
+    user_id, token = make_user()
+    engine = gateway.app.state.gateway.sessions.kw["bind"]
+    sent: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if user_id in str(parameters):
+            sent.append(" ".join(statement.split()))
+
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        async with await connect(gateway, token) as ws:
+            frame = {"type": "user_turn", "conversation_id": None, "text": "hi",
+                     "client_turn_id": "c1"}  # fmt: skip
+            assert (await request(ws, frame))["type"] == "ack"
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    locks = [q for q in sent if q.startswith("UPDATE users SET id=")]
+    limits = [q for q in sent if "FROM user_limits WHERE user_limits.user_id = " in q]
+    assert len(locks) == 1, sent
+    assert len(limits) == 1, sent
+    assert any(q.startswith("INSERT INTO turns") for q in sent)  # the turn was stored
 
 
 async def test_a_queued_turn_sent_again_later_is_sent_to_the_orchestrator_again(

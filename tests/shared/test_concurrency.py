@@ -7,15 +7,17 @@ workspace; a "select, then insert if missing" made all but one fail with Integri
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from signalbox.shared.db import Conversation, User, Workspace
+from signalbox.shared.db import Conversation, User, UserLimits, Workspace
 from signalbox.shared.db.concurrency import insert_or_get, lock_row
+from signalbox.shared.db.tenancy import own_limits
 from signalbox.shared.ids import new_id
 
 THREADS = 16
@@ -97,3 +99,63 @@ def test_lock_row_serialises_a_read_then_write(
     assert wrote.count(True) == 1
     with db_sessions() as session:
         assert not lock_row(session, User, "user_nobody")
+
+
+@contextmanager
+def _statements(session: Session, starting: str, user_id: str) -> Iterator[list[str]]:
+    """The statements ``session``'s engine sends, while in the block, that start with
+    ``starting`` and name ``user_id`` among their parameters."""
+    sent: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if statement.startswith(starting) and user_id in str(parameters):
+            sent.append(statement)
+
+    engine = session.get_bind()
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        yield sent
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+
+
+def test_lock_row_asks_the_server_once_per_transaction(
+    db_sessions: sessionmaker[Session], make_user: Callable[[], tuple[str, str]]
+) -> None:
+    user_id, _ = make_user()
+    with db_sessions() as session, _statements(session, "UPDATE users", user_id) as sent:
+        assert lock_row(session, User, user_id) and lock_row(session, User, user_id)
+        assert len(sent) == 1  # held already: the second call sends nothing
+        session.commit()
+        assert lock_row(session, User, user_id)  # a new transaction: taken again
+        assert len(sent) == 2
+        session.rollback()
+        with session.begin_nested() as savepoint:
+            assert lock_row(session, User, user_id)
+            savepoint.rollback()  # which releases a lock the savepoint took
+        assert lock_row(session, User, user_id)
+        assert len(sent) == 4
+        assert not lock_row(session, User, "user_nobody")
+        assert not lock_row(session, User, "user_nobody")
+        session.commit()
+
+
+def test_own_limits_is_read_once_per_transaction_and_sees_what_it_wrote(
+    db_sessions: sessionmaker[Session], make_user: Callable[[], tuple[str, str]]
+) -> None:
+    user_id, _ = make_user()
+    with db_sessions() as session, _statements(session, "SELECT", user_id) as reads:
+        assert own_limits(session, user_id) is None
+        assert own_limits(session, user_id) is None
+        assert len(reads) == 1  # the absent row, remembered for the transaction
+        written = insert_or_get(
+            session, UserLimits, {"user_id": user_id, "day_tokens": 7}, ["user_id"]
+        )
+        reads.clear()
+        assert own_limits(session, user_id) is written  # its own write, no statement
+        assert reads == []
+        session.commit()
+        session.expunge_all()  # the Session holds nothing: a new transaction must ask
+        found = own_limits(session, user_id)
+        assert found is not None and found.day_tokens == 7 and len(reads) == 1
+        session.commit()
