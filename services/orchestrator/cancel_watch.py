@@ -110,9 +110,11 @@ class CancelFeed:
                         failures = 0
                     elif message.get("type") == "message":
                         self._heard(message["data"])
-            # TypeError: redis-py's reader, when the pool's ``disconnect`` closed the
-            # connection under a read (its socket is gone: ``None`` has no ``fileno``).
-            except (redis.RedisError, OSError, ValueError, TypeError) as exc:
+            # Any error, not only Redis's: this thread must not die, or the process hears no
+            # cancel again. The pool's ``disconnect`` closing the connection under a read
+            # fails redis-py's reader with TypeError or AttributeError (its socket and
+            # parser are gone), not with a ConnectionError.
+            except Exception as exc:
                 with self._lock:
                     if self._subscribed.is_set():
                         self._subscribed = threading.Event()

@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import inspect, select, update
+from sqlalchemy import event, inspect, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, SessionTransaction
 
 from signalbox.shared.db.models import Base
 
@@ -82,11 +82,27 @@ def _held_locks(session: Session) -> dict[tuple[type[Base], str], bool]:
 
 def per_transaction(session: Session, name: str) -> dict[Any, Any]:
     """A dict kept in ``session.info`` under ``name`` for the life of the session's current
-    (outermost) transaction: a new transaction finds it empty. Begins the transaction if
-    none has begun yet (as the statement about to run would), so what is kept is its own."""
+    (outermost) transaction, and dropped when it ends (``_forget_at_end``). Begins the
+    transaction if none has begun yet (as the statement about to run would), so what is
+    kept is its own."""
     transaction = session.get_transaction() or session.begin()
-    kept = session.info.get(name)
+    kept = session.info.get(_PER_TRANSACTION)
     if kept is None or kept[0] is not transaction:
-        kept = session.info[name] = (transaction, {})
-    found: dict[Any, Any] = kept[1]
+        kept = (transaction, {})
+        session.info[_PER_TRANSACTION] = kept
+    memos: dict[str, dict[Any, Any]] = kept[1]
+    found = memos.get(name)
+    if found is None:
+        found = memos[name] = {}
     return found
+
+
+_PER_TRANSACTION = "signalbox_per_transaction"
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _forget_at_end(session: Session, transaction: SessionTransaction) -> None:
+    """What ``per_transaction`` kept goes with its transaction (and holds no object, nor the
+    transaction, past it)."""
+    if transaction.parent is None:
+        session.info.pop(_PER_TRANSACTION, None)

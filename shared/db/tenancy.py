@@ -11,8 +11,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, ForeignKey, Integer, String
-from sqlalchemy.orm import Mapped, Session, mapped_column
+from sqlalchemy import JSON, ForeignKey, Integer, String, event
+from sqlalchemy.orm import Mapped, ORMExecuteState, Session, mapped_column
 
 from signalbox.shared.db.concurrency import per_transaction
 from signalbox.shared.db.models import Base, now
@@ -44,18 +44,38 @@ def own_limits(session: Session, user_id: str) -> UserLimits | None:
     A submission asks for it up to three times (its budget, then the quota of conversations
     and of workspaces), and most users have no row: the Session's identity map keeps no
     "absent", nor an object nobody holds, so each ``session.get`` was a ``SELECT``. The
-    first answer stands for the transaction, but a row this transaction has since written
-    (``insert_or_get``, ``add``) is in the Session and is what later calls get.
+    first answer stands for the transaction until this Session writes a ``user_limits`` row
+    (a flush, or an ORM ``insert``/``update``/``delete`` statement: ``_limits_written``);
+    then the next call reads again.
     """
-    seen = per_transaction(session, "signalbox_own_limits")
-    if user_id in seen and seen[user_id] is not None:
-        found: UserLimits | None = seen[user_id]
-        return found
-    if user_id in seen:  # absent when first asked: unless written since, in this Session
-        written = session.identity_map.get(session.identity_key(UserLimits, user_id))
-        return written if isinstance(written, UserLimits) else None
-    found = seen[user_id] = session.get(UserLimits, user_id)
+    seen = per_transaction(session, _OWN_LIMITS)
+    if user_id not in seen:
+        seen[user_id] = session.get(UserLimits, user_id)
+    found: UserLimits | None = seen[user_id]
     return found
+
+
+_OWN_LIMITS = "own_limits"
+
+
+def _limits_written(session: Session) -> None:
+    """Forget what ``own_limits`` read in ``session``'s transaction."""
+    seen = per_transaction(session, _OWN_LIMITS)
+    seen.clear()
+
+
+@event.listens_for(Session, "before_flush")
+def _flushing(session: Session, _context: Any, _instances: Any) -> None:
+    if any(isinstance(o, UserLimits) for o in (*session.new, *session.dirty, *session.deleted)):
+        _limits_written(session)
+
+
+@event.listens_for(Session, "do_orm_execute")
+def _executing(state: ORMExecuteState) -> None:
+    if state.is_select or state.bind_mapper is None:
+        return
+    if state.bind_mapper.class_ is UserLimits:
+        _limits_written(state.session)
 
 
 class BudgetWarning(Base):

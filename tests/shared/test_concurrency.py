@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from sqlalchemy import event, func, select
+from sqlalchemy import delete, event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.shared.db import Conversation, User, UserLimits, Workspace
@@ -155,7 +155,26 @@ def test_own_limits_is_read_once_per_transaction_and_sees_what_it_wrote(
         assert own_limits(session, user_id) is written  # its own write, no statement
         assert reads == []
         session.commit()
+        assert "signalbox_per_transaction" not in session.info  # gone with its transaction
         session.expunge_all()  # the Session holds nothing: a new transaction must ask
         found = own_limits(session, user_id)
         assert found is not None and found.day_tokens == 7 and len(reads) == 1
         session.commit()
+
+
+def test_own_limits_reads_again_after_the_transaction_writes_the_row(
+    db_sessions: sessionmaker[Session], make_user: Callable[[], tuple[str, str]]
+) -> None:
+    # A row flushed and let go (no object holds it, so the identity map lets it go too) must
+    # not leave the "absent" read before it standing.
+    user_id, _ = make_user()
+    with db_sessions() as session:
+        assert own_limits(session, user_id) is None
+        session.add(UserLimits(user_id=user_id, day_tokens=3))
+        session.flush()
+        session.expunge_all()
+        found = own_limits(session, user_id)
+        assert found is not None and found.day_tokens == 3
+        session.execute(delete(UserLimits).where(UserLimits.user_id == user_id))
+        assert own_limits(session, user_id) is None  # and a row deleted since is gone
+        session.rollback()
