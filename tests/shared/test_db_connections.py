@@ -32,6 +32,14 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield found
 
 
+@pytest.fixture
+def engine(url: str) -> Iterator[Engine]:
+    """An engine of ``make_engine``'s defaults, disposed after the test."""
+    made = make_engine(url)
+    yield made
+    made.dispose()
+
+
 def _backend_pid(engine: Engine) -> int:
     with engine.connect() as conn:
         pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
@@ -119,61 +127,51 @@ def test_the_standalone_engine_is_made_once_and_freed_with_its_engine(url: str) 
 
 
 @on_postgres_only
-def test_a_standalone_read_leaves_no_transaction_open(url: str) -> None:
-    engine = make_engine(url)
-    try:
-        with standalone(engine).connect() as conn:
-            conn.execute(text("SELECT 1"))
-            dbapi = conn.connection.dbapi_connection
-            assert dbapi is not None
-            # In a transaction the read would have opened one (INTRANS); autocommit: IDLE.
-            assert dbapi.info.transaction_status.name == "IDLE"
-    finally:
-        engine.dispose()
+def test_a_standalone_read_leaves_no_transaction_open(engine: Engine) -> None:
+    with standalone(engine).connect() as conn:
+        conn.execute(text("SELECT 1"))
+        dbapi = conn.connection.dbapi_connection
+        assert dbapi is not None
+        # In a transaction the read would have opened one (INTRANS); autocommit: IDLE.
+        assert dbapi.info.transaction_status.name == "IDLE"
 
 
 def test_a_transaction_on_a_connection_a_standalone_use_returned_still_rolls_back(
-    url: str,
+    engine: Engine,
 ) -> None:
     # Used one after the other, the pool hands the transaction the very connection the
     # standalone write ran on: had autocommit stayed on it, the failed insert would stay.
-    engine = make_engine(url)
-    try:
-        table = f"standalone_probe_{time.monotonic_ns()}"
-        with engine.begin() as conn:
-            conn.execute(text(f"CREATE TABLE {table} (x INTEGER)"))
-        with standalone(engine).connect() as conn:
-            conn.execute(text(f"INSERT INTO {table} VALUES (1)"))
-            conn.commit()  # SQLite's: standalone is the plain engine there
-            used = conn.connection.dbapi_connection
-        with pytest.raises(RuntimeError), engine.begin() as conn:
-            assert conn.connection.dbapi_connection is used
-            conn.execute(text(f"INSERT INTO {table} VALUES (2)"))
-            raise RuntimeError("the transaction fails after its insert")
-        with engine.connect() as conn:
-            kept = conn.execute(text(f"SELECT x FROM {table} ORDER BY x")).scalars().all()
-        assert kept == [1]  # the standalone write stays; the failed transaction's does not
-    finally:
-        engine.dispose()
+    table = f"standalone_probe_{time.monotonic_ns()}"
+    with engine.begin() as conn:
+        conn.execute(text(f"CREATE TABLE {table} (x INTEGER)"))
+    with standalone(engine).connect() as conn:
+        conn.execute(text(f"INSERT INTO {table} VALUES (1)"))
+        conn.commit()  # SQLite's: standalone is the plain engine there
+        used = conn.connection.dbapi_connection
+    with pytest.raises(RuntimeError), engine.begin() as conn:
+        assert conn.connection.dbapi_connection is used
+        conn.execute(text(f"INSERT INTO {table} VALUES (2)"))
+        raise RuntimeError("the transaction fails after its insert")
+    with engine.connect() as conn:
+        kept = conn.execute(text(f"SELECT x FROM {table} ORDER BY x")).scalars().all()
+    assert kept == [1]  # the standalone write stays; the failed transaction's does not
 
 
 @on_postgres_only
-def test_the_turn_loops_reads_keep_the_statements_their_connection_prepared(url: str) -> None:
+def test_the_turn_loops_reads_keep_the_statements_their_connection_prepared(
+    engine: Engine,
+) -> None:
     # psycopg prepares a statement on a connection after its fifth run there, and forgets
     # them all at any ROLLBACK: a read that ended its transaction so never ran prepared.
-    engine = make_engine(url)
     sessions = make_session_factory(engine)
-    try:
-        for _ in range(8):  # one after the other: the pool's one connection each time
-            assert store.load_turn(sessions, "turn_absent") is None
-            assert store.open_calls(sessions, "turn_absent") == []
-            with pytest.raises(LookupError):
-                store.loop_state(sessions, "turn_absent", "turn_absent")
-        with standalone(engine).connect() as conn:
-            prepared = conn.execute(text("SELECT statement FROM pg_prepared_statements"))
-            statements = prepared.scalars().all()
-        pool = engine.pool
-        assert isinstance(pool, QueuePool) and pool.checkedin() == 1  # one connection for all
-        assert len(statements) == 3, statements
-    finally:
-        engine.dispose()
+    for _ in range(8):  # one after the other: the pool's one connection each time
+        assert store.load_turn(sessions, "turn_absent") is None
+        assert store.open_calls(sessions, "turn_absent") == []
+        with pytest.raises(LookupError):
+            store.loop_state(sessions, "turn_absent", "turn_absent")
+    with standalone(engine).connect() as conn:
+        prepared = conn.execute(text("SELECT statement FROM pg_prepared_statements"))
+        statements = prepared.scalars().all()
+    pool = engine.pool
+    assert isinstance(pool, QueuePool) and pool.checkedin() == 1  # one connection for all
+    assert len(statements) == 3, statements
