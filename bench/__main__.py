@@ -62,6 +62,7 @@ class Benchmark:
     rounds: int
     quick_rounds: int
     profile: dict[str, tuple[str, ...]] = field(default_factory=dict)  # process → focus
+    profile_cpu: bool = False  # a CPU profile (GIL-holding samples), else wall clock
 
 
 # The functions a request passes through in each service: profiles keep only those stacks.
@@ -149,11 +150,17 @@ BENCHMARKS: dict[str, Benchmark] = {
         lambda env, o: fairness.fairness(env, o.rounds, o.quick), rounds=5, quick_rounds=1
     ),
     # Last: it adds a second orchestrator (stopped again at its end) and 200 conversations.
+    # Its target is CPU per turn, so its profile is of CPU, not of waiting.
     "load": Benchmark(
         lambda env, o: load.load(env, o.quick, o.warmup),
         rounds=1,
         quick_rounds=1,
-        profile={"gateway": GATEWAY_FOCUS, "orchestrator1": ORCHESTRATOR_FOCUS},
+        profile={
+            "gateway": GATEWAY_FOCUS,
+            "orchestrator1": ORCHESTRATOR_FOCUS,
+            "tools1": TOOLS_FOCUS,
+        },
+        profile_cpu=True,
     ),
     # The same load with a task per tool call: the tool hop batches save, side by side.
     "load_per_call": Benchmark(
@@ -233,7 +240,8 @@ def _profile(
     """Run ``bench`` once more, unmeasured, with py-spy on the processes it names."""
     targets = {n: (p, bench.profile[n]) for n, p in _children(env).items() if n in bench.profile}
     try:
-        with recording(targets, env.var_dir / "profiles" / bench_id) as found:
+        out_dir = env.var_dir / "profiles" / bench_id
+        with recording(targets, out_dir, cpu=bench.profile_cpu) as found:
             bench.run(env, Options(max(3, options.rounds // 2), 0, options.quick))
     except Exception as exc:  # a profile is a bonus; the figures are already taken
         print(f"  profiling {bench_id} failed: {exc!r}", flush=True)

@@ -334,10 +334,18 @@ def _profiles(run: dict[str, Any]) -> list[str]:
         "the tool task), so idle threads and background loops are left out. Shares are of "
         "those samples; inclusive = the function or anything it called.",
         "",
+        "Profiles marked **CPU** (`load`, whose target is CPU per turn) count only samples "
+        "of a thread holding the GIL (`py-spy --gil`): Python's work, not waiting, and not "
+        "C code that releases the GIL (SQLite's own work, a socket `send`). Their table "
+        "*by library* shares the samples out by the library Signalbox's code called (the "
+        "HTTP client under the `anthropic` SDK counts as the SDK's); `signalbox` is time in "
+        "Signalbox's own code.",
+        "",
     ]
     for bench_id, per_process in profiles.items():
         for p in per_process:
-            lines.append(f"### `{bench_id}`: {p['process']} ({p['samples']} samples)")
+            kind = ", **CPU**" if p.get("cpu") else ""
+            lines.append(f"### `{bench_id}`: {p['process']} ({p['samples']} samples{kind})")
             lines.append("")
             if p.get("error"):
                 lines.append(f"No profile: {p['error']}")
@@ -348,6 +356,11 @@ def _profiles(run: dict[str, Any]) -> list[str]:
             for (fi, si), (fs, ss) in zip(p["inclusive"], p["self"], strict=False):
                 lines.append(f"| {si:.0%} | `{fi}` | | {ss:.0%} | `{fs}` |")
             lines.append("")
+            if p.get("libraries"):
+                lines.append("| by library | share |")
+                lines.append("|---|---|")
+                lines.extend(f"| `{name}` | {share:.0%} |" for name, share in p["libraries"])
+                lines.append("")
     return lines
 
 
