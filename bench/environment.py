@@ -22,6 +22,7 @@ from typing import Any
 import redis
 from celery import Celery
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
 from bench.machine import REPO, Machine, describe, raise_fd_limit
 from bench.noop_app import NOOP_QUEUE
@@ -317,8 +318,7 @@ def proc_status_kib(pid: int, field_name: str = "VmRSS") -> int:
 
 def proc_cpu_s(pid: int) -> float:
     """User plus system CPU seconds of ``pid`` so far, from ``/proc/<pid>/stat``."""
-    raw = Path(f"/proc/{pid}/stat").read_text()
-    fields = raw[raw.rindex(")") + 2 :].split()
+    fields = _stat_fields(pid)
     ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
     return ticks / os.sysconf("SC_CLK_TCK")
 
@@ -345,6 +345,70 @@ def proc_tree_cpu_s(pids: list[int]) -> float:
             continue  # it ended between listing and reading
         stack.extend(_children_of(pid))
     return total
+
+
+POSTGRES_PROCESS = "postgres"  # the server's processes' name in /proc/<pid>/comm
+LOOPBACK_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1"})  # "": a Unix socket
+
+
+def postgres_server_cpu_s(database_url: str) -> float | None:
+    """CPU seconds so far of the PostgreSQL server that ``database_url`` names, when it runs
+    on this machine: its postmaster with every backend and background process, the ones that
+    have exited included (a parent's ``cutime``/``cstime``, which a process's own figure
+    lacks). ``None`` for SQLite, a server elsewhere, or one whose processes this user cannot
+    read.
+
+    The server serves every database on it, so this is the server's whole CPU: the run's own
+    database is the only busy one on a bench machine. SQLite's work is done inside the
+    services' processes and counted there; this puts PostgreSQL's beside it.
+    """
+    from sqlalchemy import create_engine, text
+
+    url = make_engine(database_url).url
+    if not url.drivername.startswith("postgresql") or (url.host or "") not in LOOPBACK_HOSTS:
+        return None
+    engine = create_engine(url.render_as_string(hide_password=False), poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            backend = int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+            postmaster = _parent_of(backend)
+    finally:
+        engine.dispose()
+    if postmaster is None or not _named(postmaster, POSTGRES_PROCESS):
+        return None  # not this machine's server: a pid here that happens to match
+    total = _cpu_with_reaped_children_s(postmaster)
+    for child in _children_of(postmaster):
+        with contextlib.suppress(OSError):  # it ended between listing and reading
+            total += _cpu_with_reaped_children_s(child)
+    return total
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """``/proc/<pid>/stat`` after the command name: field 3 (the state) first."""
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        return int(_stat_fields(pid)[1])
+    except OSError:
+        return None
+
+
+def _named(pid: int, name: str) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == name
+    except OSError:
+        return False
+
+
+def _cpu_with_reaped_children_s(pid: int) -> float:
+    """User and system CPU of ``pid`` and of its children that have ended and been waited
+    for (utime, stime, cutime, cstime: fields 14 to 17 of stat)."""
+    fields = _stat_fields(pid)
+    ticks = sum(int(f) for f in fields[11:15])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _fresh_postgres(server_url: str) -> tuple[str, str]:

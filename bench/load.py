@@ -21,6 +21,8 @@ workers received, counted from their Celery ``received`` log lines) are then mad
 Celery (``bench.noop_app``'s no-op task, on bare prefork workers of the tool pool's shape)
 in the same shape: the turns' deliveries at once, then each step's calls at once for every
 turn, a round waiting for the one before; the CPU of its workers, Redis and the producer.
+On PostgreSQL the server's own CPU (``postgresql server``: every process of it, when it runs
+on this machine) is part of the stack, as SQLite's is inside the services' processes.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from sqlalchemy import func, select
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from bench.environment import BenchEnv, proc_cpu_s, proc_tree_cpu_s
+from bench.environment import BenchEnv, postgres_server_cpu_s, proc_cpu_s, proc_tree_cpu_s
 from bench.gateway_load import CONNECT_CONCURRENCY
 from bench.noop_app import NOOP_QUEUE, NOOP_TASK
 from bench.stats import Result, Series
@@ -93,6 +95,7 @@ BARE_ROUND_TIMEOUT_S = 120.0
 BARE_WARMUP_TASKS = 16
 PUBLISH_BATCH_MAX = 1000  # as the orchestrator's dispatcher: a round's messages in few trips
 BENCH_PROCESS = "bench (clients + fake model)"  # outside the stack: not in its CPU per turn
+POSTGRES_SERVER = "postgresql server"  # on --postgres with the server on this machine
 
 
 def _script(marker: str, tool: str) -> list[Scripted]:
@@ -346,6 +349,10 @@ def _cpu(env: BenchEnv) -> dict[str, float]:
     used = {name: proc_tree_cpu_s([pid]) for name, pid in pids.items()}
     # This process alone: the clients and the fake model server (its children are services).
     used[BENCH_PROCESS] = proc_cpu_s(os.getpid())
+    # PostgreSQL's own work is the stack's as much as SQLite's, which runs inside the services.
+    database = postgres_server_cpu_s(env.database_url) if env.on_postgres else None
+    if database is not None:
+        used[POSTGRES_SERVER] = database
     return used
 
 

@@ -222,7 +222,8 @@ def _load_cpu_table(x: dict[str, Any]) -> list[str]:
     hops = x.get("hops") or {}
     lines = [
         "CPU per turn by process (each process with its children; the bench process is the "
-        "clients and the fake model, outside the stack):",
+        "clients and the fake model, outside the stack; on PostgreSQL, the server's processes "
+        "are a row of the stack, as SQLite's work is inside the services'):",
         "",
         "| process | CPU s | ms per turn |",
         "|---|---:|---:|",
