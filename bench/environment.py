@@ -22,7 +22,6 @@ from typing import Any
 import redis
 from celery import Celery
 from sqlalchemy.orm import Session, sessionmaker
-from sqlalchemy.pool import NullPool
 
 from bench.machine import REPO, Machine, describe, raise_fd_limit
 from bench.noop_app import NOOP_QUEUE
@@ -334,13 +333,16 @@ def _children_of(pid: int) -> list[int]:
 
 
 def proc_tree_cpu_s(pids: list[int]) -> float:
-    """CPU seconds of ``pids`` and all their descendants (a prefork worker and its pool)."""
+    """CPU seconds of ``pids`` and all their descendants (a prefork worker and its pool),
+    those that have ended included: a process's ``cutime``/``cstime`` hold its children's
+    once it has waited for them, so a pool process replaced between two readings, or a
+    PostgreSQL backend that closed, still counts in the difference."""
     total = 0.0
     stack = list(pids)
     while stack:
         pid = stack.pop()
         try:
-            total += proc_cpu_s(pid)
+            total += _cpu_with_reaped_children_s(pid)
         except OSError:
             continue  # it ended between listing and reading
         stack.extend(_children_of(pid))
@@ -362,25 +364,20 @@ def postgres_server_cpu_s(database_url: str) -> float | None:
     database is the only busy one on a bench machine. SQLite's work is done inside the
     services' processes and counted there; this puts PostgreSQL's beside it.
     """
-    from sqlalchemy import create_engine, text
+    from sqlalchemy import text
 
-    url = make_engine(database_url).url
-    if not url.drivername.startswith("postgresql") or (url.host or "") not in LOOPBACK_HOSTS:
-        return None
-    engine = create_engine(url.render_as_string(hide_password=False), poolclass=NullPool)
+    engine = make_engine(database_url)
     try:
-        with engine.connect() as conn:
+        if engine.dialect.name != "postgresql" or (engine.url.host or "") not in LOOPBACK_HOSTS:
+            return None
+        with engine.connect() as conn:  # the backend ends with its connection: ask it now
             backend = int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
             postmaster = _parent_of(backend)
     finally:
         engine.dispose()
     if postmaster is None or not _named(postmaster, POSTGRES_PROCESS):
         return None  # not this machine's server: a pid here that happens to match
-    total = _cpu_with_reaped_children_s(postmaster)
-    for child in _children_of(postmaster):
-        with contextlib.suppress(OSError):  # it ended between listing and reading
-            total += _cpu_with_reaped_children_s(child)
-    return total
+    return proc_tree_cpu_s([postmaster])
 
 
 def _stat_fields(pid: int) -> list[str]:

@@ -350,7 +350,7 @@ def _cpu(env: BenchEnv) -> dict[str, float]:
     # This process alone: the clients and the fake model server (its children are services).
     used[BENCH_PROCESS] = proc_cpu_s(os.getpid())
     # PostgreSQL's own work is the stack's as much as SQLite's, which runs inside the services.
-    database = postgres_server_cpu_s(env.database_url) if env.on_postgres else None
+    database = postgres_server_cpu_s(env.database_url)
     if database is not None:
         used[POSTGRES_SERVER] = database
     return used
