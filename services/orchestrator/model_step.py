@@ -386,6 +386,7 @@ def _store(
         events.extend(runner.payloads(step_events))
         runner.enqueue_hooks(conn, events)
 
+    hooked = bool(runner.webhook_kinds())  # none subscribed: the step's writes go alone
     msg, calls = store.store_step(
         sessions,
         info,
@@ -395,8 +396,10 @@ def _store(
         end.output_tokens,
         row,
         thinking,
-        then=deliveries,
+        then=deliveries if hooked else None,
     )
+    if not hooked:
+        events.extend(runner.payloads([*shown, *_call_events(calls)]))
     runner.transcript.stored(msg, calls)
     for call in calls:
         if call.status not in OPEN_CALL_STATUSES:

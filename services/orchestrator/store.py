@@ -17,6 +17,7 @@ from typing import Any, cast
 from sqlalchemy import (
     Connection,
     CursorResult,
+    Insert,
     Table,
     Update,
     bindparam,
@@ -25,9 +26,11 @@ from sqlalchemy import (
     insert,
     or_,
     select,
+    union_all,
     update,
 )
 from sqlalchemy.orm import Session, aliased, sessionmaker
+from sqlalchemy.sql.schema import ScalarElementColumnDefault
 
 from signalbox.services.orchestrator.model import ToolUse
 from signalbox.services.orchestrator.transcript import OPEN_CALL_STATUSES
@@ -469,6 +472,101 @@ _CALL_COLUMNS = (
 )
 
 
+_MESSAGE_COLUMNS = (
+    "id",
+    "conversation_id",
+    "turn_id",
+    "role",
+    "content",
+    "input_tokens",
+    "output_tokens",
+    "created_at",
+)
+_REQUEST_COLUMNS = tuple(c.key for c in _requests.columns if c.key != "id")
+
+
+def _bound_row(table: Table, columns: Sequence[str], prefix: str) -> list[Any]:
+    """``columns`` of ``table`` as bound values named ``prefix + column``, typed as the
+    columns are (a ``SELECT`` list to insert from)."""
+    return [bindparam(f"{prefix}{c}", type_=table.c[c].type).label(c) for c in columns]
+
+
+@functools.cache
+def _one_step_statement(calls: int, request: bool) -> Insert:
+    """PostgreSQL: ``store_step``'s writes as ONE statement, atomic on its own, so with no
+    transaction around it (no ``BEGIN`` and ``COMMIT``: one round trip where there were
+    six). The step counter's ``UPDATE ... RETURNING step`` is a data-modifying CTE; the
+    message, the request's row (``request``) and the ``calls`` calls each insert from it,
+    so nothing is written when the turn is not there. Returns the message's step and seq.
+
+    Built once per shape; every value bound (the message's ``m_*``, the request's
+    ``r_*``, call ``k``'s ``c{k}_*``)."""
+    stepped = (
+        update(_turns)
+        .where(_turns.c.id == bindparam("step_turn_id"))
+        .values(
+            step=_turns.c.step + 1,
+            input_tokens=_turns.c.input_tokens + bindparam("add_input_tokens"),
+            output_tokens=_turns.c.output_tokens + bindparam("add_output_tokens"),
+        )
+        .returning(_turns.c.step)
+        .cte("stepped")
+    )
+    seq = (
+        select(func.coalesce(func.max(_messages.c.seq), 0) + 1)
+        .where(_messages.c.conversation_id == bindparam("m_conversation_id"))
+        .scalar_subquery()
+    )
+    message = select(*_bound_row(_messages, _MESSAGE_COLUMNS, "m_"), seq, stepped.c.step)
+    statement = (
+        insert(_messages)
+        .from_select([*_MESSAGE_COLUMNS, "seq", "step"], message.select_from(stepped))
+        .returning(_messages.c.step, _messages.c.seq)
+    )
+    writes = []
+    if request:
+        row = select(*_bound_row(_requests, _REQUEST_COLUMNS, "r_")).select_from(stepped)
+        writes.append(insert(_requests).from_select(_REQUEST_COLUMNS, row).cte("request"))
+    if calls:
+        rows = union_all(
+            *(
+                select(*_bound_row(_calls, _CALL_COLUMNS, f"c{k}_")).select_from(stepped)
+                for k in range(calls)
+            )
+        )
+        writes.append(insert(_calls).from_select(_CALL_COLUMNS, rows).cte("calls"))
+    return statement.add_cte(*writes) if writes else statement
+
+
+def _one_step_params(
+    info: TurnInfo,
+    msg: Message,
+    calls: Sequence[ToolCall],
+    request: ModelRequest | None,
+) -> dict[str, Any]:
+    """The values ``_one_step_statement`` binds."""
+    params: dict[str, Any] = {
+        "step_turn_id": info.turn_id,
+        "add_input_tokens": msg.input_tokens,
+        "add_output_tokens": msg.output_tokens,
+    }
+    params.update({f"m_{c}": getattr(msg, c) for c in _MESSAGE_COLUMNS})
+    if request is not None:
+        values = {**_REQUEST_DEFAULTS, "created_at": msg.created_at, **request_values(request)}
+        params.update({f"r_{c}": values.get(c) for c in _REQUEST_COLUMNS})
+    for k, call in enumerate(calls):
+        params.update({f"c{k}_{c}": getattr(call, c) for c in _CALL_COLUMNS})
+    return params
+
+
+# What the ORM would fill in of a request's row left unset (its scalar column defaults).
+_REQUEST_DEFAULTS: dict[str, Any] = {
+    c.key: c.default.arg
+    for c in _requests.columns
+    if isinstance(c.default, ScalarElementColumnDefault)
+}
+
+
 def request_values(request: ModelRequest) -> dict[str, Any]:
     """The column values of a model request's row not yet stored (its defaults left to
     the ``INSERT``), for a Core statement."""
@@ -496,7 +594,8 @@ def store_step(
     ``max(seq) + 1`` as its subquery, the request's row, and the calls in one
     ``executemany``. The returned message and calls are plain (transient) objects.
     ``then``: more writes of the same transaction, given the calls (their events' webhook
-    deliveries: ``model_step``).
+    deliveries: ``model_step``). Without it, on PostgreSQL, all of that is one statement
+    with no transaction around it (``_one_step_statement``).
     """
     now = utcnow()
     content: list[Any] = [dict(block) for block in thinking]
@@ -540,6 +639,17 @@ def store_step(
                 attempts=0,
             )
         )
+    engine = _engine(sessions)
+    if then is None and engine.dialect.name == "postgresql":
+        with standalone(engine).connect() as conn:
+            found = conn.execute(
+                _one_step_statement(len(calls), request is not None),
+                _one_step_params(info, msg, calls, request),
+            ).first()
+        if found is None:
+            raise LookupError(f"no turn {info.turn_id!r}")
+        msg.step, msg.seq = found
+        return msg, calls
     with transaction(sessions) as conn:
         step = conn.scalar(
             _STEP_UPDATE,
@@ -706,14 +816,18 @@ def record_results(
     work, one statement and one commit for every result a single read of the results
     stream brought. This is the loop's hottest write. ``then``: more writes of the same
     transaction, given the calls that ended (the webhook deliveries of their events:
-    ``TurnRunner.record_many``).
+    ``TurnRunner.record_many``). Without it, and with one statement's worth of results,
+    the ``UPDATE`` is the only write and atomic on its own: it runs on a standalone
+    connection (on PostgreSQL no ``BEGIN`` and ``COMMIT``, two round trips of three); the
+    reads around it see what they would at READ COMMITTED in a transaction.
     """
     now = utcnow()
     first: dict[str, ResultRow] = {}
     for row in rows:
         first.setdefault(row.call_id, row)
     ended: list[EndedCall] = []
-    with transaction(sessions) as conn:
+    alone = then is None and len(first) <= _END_BATCH
+    with standalone_connection(sessions) if alone else transaction(sessions) as conn:
         durations = _durations(conn, list(first.values()), now)
         done = _end_calls(conn, list(first.values()), durations, now)
         for row in first.values():
@@ -735,6 +849,8 @@ def record_results(
             )
         if then is not None and ended:
             then(conn, ended)
+        if alone:
+            conn.commit()  # SQLite's; PostgreSQL's autocommit committed it already
     return ended
 
 

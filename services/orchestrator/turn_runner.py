@@ -191,6 +191,23 @@ class TurnRunner:
             payloads.append((kind, data))
         return payloads
 
+    def webhook_kinds(self, db: Session | Connection | None = None) -> frozenset[str]:
+        """The event kinds the user's webhooks subscribe to, read at most every
+        ``cancel_check_s`` (on ``db``; None: a standalone read). Empty, the loop's hot
+        writes go without a transaction of their own (``store.store_step``'s ``then``)."""
+        now = time.monotonic()
+        if self._webhook_kinds is None or now >= self._webhook_kinds[0]:
+            with contextlib.ExitStack() as stack:
+                if db is None:
+                    db = stack.enter_context(store.standalone_connection(self.rt.sessions))
+                found = frozenset(
+                    str(kind)
+                    for kinds in db.scalars(_WEBHOOK_KINDS, {"user_id": self.info.user_id})
+                    for kind in kinds or ()
+                )
+            self._webhook_kinds = (now + self.rt.cancel_check_s, found)
+        return self._webhook_kinds[1]
+
     def enqueue_hooks(
         self, db: Session | Connection, payloads: Sequence[tuple[EventKind, Mapping[str, Any]]]
     ) -> None:
@@ -205,15 +222,7 @@ class TurnRunner:
         hooked = [(k, d) for k, d in payloads if k in WEBHOOK_EVENT_KINDS]
         if not hooked:
             return
-        now = time.monotonic()
-        if self._webhook_kinds is None or now >= self._webhook_kinds[0]:
-            found = frozenset(
-                str(kind)
-                for kinds in db.scalars(_WEBHOOK_KINDS, {"user_id": self.info.user_id})
-                for kind in kinds or ()
-            )
-            self._webhook_kinds = (now + self.rt.cancel_check_s, found)
-        subscribed = self._webhook_kinds[1]
+        subscribed = self.webhook_kinds(db)
         due = [(kind, data) for kind, data in hooked if kind in subscribed]
         if not due:
             return
@@ -284,7 +293,10 @@ class TurnRunner:
             announced.extend(self.payloads([self._finished_data(done) for done in ended]))
             self.enqueue_hooks(conn, announced)
 
-        ended = store.record_results(self.rt.sessions, rows, then=deliveries)
+        hooked = "tool_call_finished" in self.webhook_kinds()
+        ended = store.record_results(self.rt.sessions, rows, then=deliveries if hooked else None)
+        if not hooked:
+            announced = self.payloads([self._finished_data(done) for done in ended])
         self.transcript.ended(ended)
         for done in ended:
             self.call_ended(done)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import timedelta
 
-from sqlalchemy import event, update
+from psycopg.pq import TransactionStatus
+from sqlalchemy import Connection, event, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.services.orchestrator import store
@@ -108,3 +109,37 @@ def test_a_read_of_more_results_than_one_statement_takes_ends_each_call_with_its
     for i, call in enumerate(calls[:-1]):
         assert rows[call.id] == ("ok" if i % 2 else "error", f"out {i}", f"err {i}", i)
     assert rows[last.id] == ("ok", "first", None, 1)
+
+
+def test_results_with_no_more_writes_end_outside_a_transaction_and_with_them_inside_one(
+    db_sessions: sessionmaker[Session], make_user: Callable[[], tuple[str, str]]
+) -> None:
+    """On PostgreSQL a read's results with nothing to join them are one ``UPDATE`` in
+    autocommit (no ``BEGIN``/``COMMIT``); ``then``'s writes share the ``UPDATE``'s
+    transaction (it is open when ``then`` runs)."""
+    user_id, _ = make_user()
+    a, b = _calls(db_sessions, user_id, 2)
+    engine = db_sessions.kw["bind"]
+    postgres = engine.dialect.name == "postgresql"
+    statuses: list[object] = []
+
+    def status(conn: Connection, *_args: object) -> None:
+        info = getattr(conn.connection.dbapi_connection, "info", None)
+        statuses.append(getattr(info, "transaction_status", None))
+
+    in_then: list[bool] = []
+    event.listen(engine, "after_cursor_execute", status)
+    try:
+        alone = store.record_results(db_sessions, [store.ResultRow(a.id, "ok", "a", None, 1)])
+        joined = store.record_results(
+            db_sessions,
+            [store.ResultRow(b.id, "ok", "b", None, 2)],
+            then=lambda conn, ended: in_then.append(conn.in_transaction() and len(ended) == 1),
+        )
+    finally:
+        event.remove(engine, "after_cursor_execute", status)
+
+    assert [e.id for e in alone] == [a.id] and [e.id for e in joined] == [b.id]
+    assert in_then == [True]
+    if postgres:
+        assert statuses == [TransactionStatus.IDLE, TransactionStatus.INTRANS], statuses
