@@ -386,7 +386,9 @@ def _store(
         events.extend(runner.payloads(step_events))
         runner.enqueue_hooks(conn, events)
 
-    hooked = bool(runner.webhook_kinds())  # none subscribed: the step's writes go alone
+    # No webhook subscribed to what the step may announce: its writes go alone.
+    kinds = {kind for kind, _data in shown} | {"tool_call_needs_decision", "tool_call_finished"}
+    hooked = not kinds.isdisjoint(runner.webhook_kinds())
     msg, calls = store.store_step(
         sessions,
         info,

@@ -1,4 +1,5 @@
-"""The turn's state in SQL: every transition the loop makes, one short transaction each.
+"""The turn's state in SQL: every transition the loop makes, one short transaction each
+(on PostgreSQL, a transition that is one statement runs in autocommit, atomic on its own).
 
 SQL is the source of truth, so a runner that dies loses nothing committed, and the next
 runner resumes from here. Transitions of a tool call are conditional updates (``WHERE
@@ -15,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy import (
+    ColumnDefault,
     Connection,
     CursorResult,
     Insert,
@@ -29,8 +31,8 @@ from sqlalchemy import (
     union_all,
     update,
 )
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased, sessionmaker
-from sqlalchemy.sql.schema import ScalarElementColumnDefault
 
 from signalbox.services.orchestrator.model import ToolUse
 from signalbox.services.orchestrator.transcript import OPEN_CALL_STATUSES
@@ -538,6 +540,32 @@ def _one_step_statement(calls: int, request: bool) -> Insert:
     return statement.add_cte(*writes) if writes else statement
 
 
+def _store_step_at_once(
+    sessions: Sessions,
+    info: TurnInfo,
+    msg: Message,
+    calls: Sequence[ToolCall],
+    request: ModelRequest | None,
+) -> bool:
+    """PostgreSQL: ``store_step``'s writes as ``_one_step_statement``, in autocommit; the
+    message gets its step and seq. False, nothing written, when the seq it took was taken:
+    its one snapshot predates a message another runner of the turn committed while the
+    statement waited on the turn's row (the caller's transaction reads the seq afresh)."""
+    try:
+        with standalone_connection(sessions) as conn:
+            found = conn.execute(
+                _one_step_statement(len(calls), request is not None),
+                _one_step_params(info, msg, calls, request),
+            ).first()
+            conn.commit()  # autocommit committed it already
+    except IntegrityError:
+        return False
+    if found is None:
+        raise LookupError(f"no turn {info.turn_id!r}")
+    msg.step, msg.seq = found
+    return True
+
+
 def _one_step_params(
     info: TurnInfo,
     msg: Message,
@@ -559,12 +587,16 @@ def _one_step_params(
     return params
 
 
-# What the ORM would fill in of a request's row left unset (its scalar column defaults).
+# What the ORM would fill in of a request's row left unset (its scalar column defaults);
+# ``created_at``, the one default it calls, is the step's time (``_one_step_params``).
 _REQUEST_DEFAULTS: dict[str, Any] = {
     c.key: c.default.arg
     for c in _requests.columns
-    if isinstance(c.default, ScalarElementColumnDefault)
+    if isinstance(c.default, ColumnDefault) and c.default.is_scalar
 }
+assert {
+    c.key for c in _requests.columns if c.default is not None and c.key not in _REQUEST_DEFAULTS
+} == {"created_at"}, "a request column's default that _one_step_params does not fill"
 
 
 def request_values(request: ModelRequest) -> dict[str, Any]:
@@ -585,7 +617,7 @@ def store_step(
     thinking: Sequence[dict[str, Any]] = (),
     then: Callable[[Connection, Sequence[ToolCall]], object] | None = None,
 ) -> tuple[Message, list[ToolCall]]:
-    """One model step: its assistant message, its calls and its usage, in one transaction
+    """One model step: its assistant message, its calls and its usage, all or none of them
     (``request``: the model request's row, ``usage.py``). ``thinking``: the step's thinking
     blocks, kept first and unchanged (the API wants them back so before its ``tool_use``).
 
@@ -639,16 +671,8 @@ def store_step(
                 attempts=0,
             )
         )
-    engine = _engine(sessions)
-    if then is None and engine.dialect.name == "postgresql":
-        with standalone(engine).connect() as conn:
-            found = conn.execute(
-                _one_step_statement(len(calls), request is not None),
-                _one_step_params(info, msg, calls, request),
-            ).first()
-        if found is None:
-            raise LookupError(f"no turn {info.turn_id!r}")
-        msg.step, msg.seq = found
+    postgresql = _engine(sessions).dialect.name == "postgresql"
+    if then is None and postgresql and _store_step_at_once(sessions, info, msg, calls, request):
         return msg, calls
     with transaction(sessions) as conn:
         step = conn.scalar(
