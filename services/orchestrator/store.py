@@ -434,25 +434,31 @@ def loop_state(sessions: Sessions, turn_id: str, root_turn_id: str) -> LoopState
 
 
 _requests = cast(Table, ModelRequest.__table__)
+# The turn's step counter and token totals, one step on (``step_turn_id``,
+# ``add_input_tokens``, ``add_output_tokens``), returning the new step.
 _STEP_UPDATE = (
-    update(Turn)
-    .where(Turn.id == bindparam("step_turn_id"))
+    update(_turns)
+    .where(_turns.c.id == bindparam("step_turn_id"))
     .values(
-        step=Turn.step + 1,
-        input_tokens=Turn.input_tokens + bindparam("add_input_tokens"),
-        output_tokens=Turn.output_tokens + bindparam("add_output_tokens"),
+        step=_turns.c.step + 1,
+        input_tokens=_turns.c.input_tokens + bindparam("add_input_tokens"),
+        output_tokens=_turns.c.output_tokens + bindparam("add_output_tokens"),
     )
-    .returning(Turn.step)
-    .execution_options(synchronize_session=False)
+    .returning(_turns.c.step)
 )
-_STEP_MESSAGE = (
-    insert(_messages)
-    .values(
-        seq=select(func.coalesce(func.max(_messages.c.seq), 0) + 1)
-        .where(_messages.c.conversation_id == bindparam("seq_conversation_id"))
+
+
+def _next_seq(conversation_id: str) -> Any:
+    """The seq after the conversation's last message (bound as ``conversation_id``)."""
+    return (
+        select(func.coalesce(func.max(_messages.c.seq), 0) + 1)
+        .where(_messages.c.conversation_id == bindparam(conversation_id))
         .scalar_subquery()
     )
-    .returning(_messages.c.seq)
+
+
+_STEP_MESSAGE = (
+    insert(_messages).values(seq=_next_seq("seq_conversation_id")).returning(_messages.c.seq)
 )
 _CALL_COLUMNS = (
     "id",
@@ -503,22 +509,8 @@ def _one_step_statement(calls: int, request: bool) -> Insert:
 
     Built once per shape; every value bound (the message's ``m_*``, the request's
     ``r_*``, call ``k``'s ``c{k}_*``)."""
-    stepped = (
-        update(_turns)
-        .where(_turns.c.id == bindparam("step_turn_id"))
-        .values(
-            step=_turns.c.step + 1,
-            input_tokens=_turns.c.input_tokens + bindparam("add_input_tokens"),
-            output_tokens=_turns.c.output_tokens + bindparam("add_output_tokens"),
-        )
-        .returning(_turns.c.step)
-        .cte("stepped")
-    )
-    seq = (
-        select(func.coalesce(func.max(_messages.c.seq), 0) + 1)
-        .where(_messages.c.conversation_id == bindparam("m_conversation_id"))
-        .scalar_subquery()
-    )
+    stepped = _STEP_UPDATE.cte("stepped")
+    seq = _next_seq("m_conversation_id")
     message = select(*_bound_row(_messages, _MESSAGE_COLUMNS, "m_"), seq, stepped.c.step)
     statement = (
         insert(_messages)
