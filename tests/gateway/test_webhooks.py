@@ -89,6 +89,11 @@ def receiver() -> Iterator[Receiver]:
     r.stop()
 
 
+# A first request to a gateway just started on a loaded 2-core machine took more than
+# httpx's default 5 s once in CI: a deadline, generous, rather than a guess at a fast one.
+HTTP_TIMEOUT_S = 30.0
+
+
 def _auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
@@ -139,6 +144,7 @@ def test_a_receiver_that_fails_twice_gets_one_signed_delivery_on_the_third_attem
     created = httpx.post(
         f"{gateway.url}/api/webhooks",
         json={"url": receiver.url, "kinds": ["turn_finished"]},
+        timeout=HTTP_TIMEOUT_S,
         headers=_auth(token),
     )
     assert created.status_code == 201, created.text
@@ -149,7 +155,11 @@ def test_a_receiver_that_fails_twice_gets_one_signed_delivery_on_the_third_attem
     turn_id = _run_a_turn(db_sessions, redis_client, redis_url, database_url, user_id)
 
     def shown() -> dict[str, Any]:
-        answer = httpx.get(f"{gateway.url}/api/webhooks/{webhook['id']}", headers=_auth(token))
+        answer = httpx.get(
+            f"{gateway.url}/api/webhooks/{webhook['id']}",
+            timeout=HTTP_TIMEOUT_S,
+            headers=_auth(token),
+        )
         assert answer.status_code == 200
         body: dict[str, Any] = answer.json()
         return body
@@ -205,11 +215,17 @@ def test_a_webhook_url_inside_the_deployment_is_refused(
     answer = httpx.post(
         f"{gateway.url}/api/webhooks",
         json={"url": url, "kinds": ["turn_finished"]},
+        timeout=HTTP_TIMEOUT_S,
         headers=_auth(token),
     )
 
     assert answer.status_code == 422, answer.text
-    assert httpx.get(f"{gateway.url}/api/webhooks", headers=_auth(token)).json() == []
+    assert (
+        httpx.get(
+            f"{gateway.url}/api/webhooks", timeout=HTTP_TIMEOUT_S, headers=_auth(token)
+        ).json()
+        == []
+    )
 
 
 def test_a_delivery_whose_host_now_resolves_inside_is_refused_at_send_time(
@@ -225,6 +241,7 @@ def test_a_delivery_whose_host_now_resolves_inside_is_refused_at_send_time(
     created = httpx.post(
         f"{allowing.url}/api/webhooks",
         json={"url": receiver.url, "kinds": ["proposal_created"]},
+        timeout=HTTP_TIMEOUT_S,
         headers=_auth(token),
     ).json()
     sessions = allowing.app.state.gateway.sessions
@@ -233,7 +250,9 @@ def test_a_delivery_whose_host_now_resolves_inside_is_refused_at_send_time(
 
     assert deliver_due(sessions, strict) == 1
 
-    detail = httpx.get(f"{allowing.url}/api/webhooks/{created['id']}", headers=_auth(token)).json()
+    detail = httpx.get(
+        f"{allowing.url}/api/webhooks/{created['id']}", timeout=HTTP_TIMEOUT_S, headers=_auth(token)
+    ).json()
     [delivery] = detail["deliveries"]
     assert delivery["status"] == "pending" and delivery["attempts"] == 1
     assert "loopback" in delivery["last_error"]
@@ -250,18 +269,26 @@ def test_another_users_webhook_is_not_found(
     created = httpx.post(
         f"{gateway.url}/api/webhooks",
         json={"url": "http://127.0.0.1:9/hook", "kinds": ["turn_finished"]},
+        timeout=HTTP_TIMEOUT_S,
         headers=_auth(owner_token),
     ).json()
     path = f"{gateway.url}/api/webhooks/{created['id']}"
 
-    assert httpx.get(path, headers=_auth(intruder_token)).status_code == 404
-    assert httpx.delete(path, headers=_auth(intruder_token)).status_code == 404
-    assert httpx.get(f"{gateway.url}/api/webhooks", headers=_auth(intruder_token)).json() == []
-    assert httpx.get(path, headers=_auth(owner_token)).status_code == 200
-    assert httpx.delete(path, headers=_auth(owner_token)).status_code == 200
-    assert httpx.get(path, headers=_auth(owner_token)).status_code == 404
+    assert httpx.get(path, timeout=HTTP_TIMEOUT_S, headers=_auth(intruder_token)).status_code == 404
+    assert (
+        httpx.delete(path, timeout=HTTP_TIMEOUT_S, headers=_auth(intruder_token)).status_code == 404
+    )
+    assert (
+        httpx.get(
+            f"{gateway.url}/api/webhooks", timeout=HTTP_TIMEOUT_S, headers=_auth(intruder_token)
+        ).json()
+        == []
+    )
+    assert httpx.get(path, timeout=HTTP_TIMEOUT_S, headers=_auth(owner_token)).status_code == 200
+    assert httpx.delete(path, timeout=HTTP_TIMEOUT_S, headers=_auth(owner_token)).status_code == 200
+    assert httpx.get(path, timeout=HTTP_TIMEOUT_S, headers=_auth(owner_token)).status_code == 404
     assert httpx.get(
-        f"{gateway.url}/api/webhooks/..%2f..", headers=_auth(owner_token)
+        f"{gateway.url}/api/webhooks/..%2f..", timeout=HTTP_TIMEOUT_S, headers=_auth(owner_token)
     ).status_code in (
         404,
         422,
@@ -306,6 +333,7 @@ def test_a_proposal_of_a_real_turn_is_delivered_to_its_proposal_created_webhook(
         created = httpx.post(
             f"{gateway.url}/api/webhooks",
             json={"url": receiver.url, "kinds": ["proposal_created", "proposal_resolved"]},
+            timeout=HTTP_TIMEOUT_S,
             headers=_auth(token),
         )
         assert created.status_code == 201, created.text
@@ -347,14 +375,20 @@ def test_a_proposal_of_a_real_turn_is_delivered_to_its_proposal_created_webhook(
         # Resolving it is the relay's other event: delivered too, once.
         proposal_id = event["data"]["proposal_id"]
         approved = httpx.post(
-            f"{gateway.url}/api/proposals/{proposal_id}/approve", headers=_auth(token)
+            f"{gateway.url}/api/proposals/{proposal_id}/approve",
+            timeout=HTTP_TIMEOUT_S,
+            headers=_auth(token),
         )
         assert approved.status_code == 200, approved.text
         wait_for(lambda: len(receiver.requests) >= 2, timeout_s=15, what="the second delivery")
         resolved = json.loads(receiver.requests[1][1])
         assert resolved["kind"] == "proposal_resolved"
         assert resolved["data"] == {"proposal_id": proposal_id, "status": "applied"}
-        detail = httpx.get(f"{gateway.url}/api/webhooks/{webhook['id']}", headers=_auth(token))
+        detail = httpx.get(
+            f"{gateway.url}/api/webhooks/{webhook['id']}",
+            timeout=HTTP_TIMEOUT_S,
+            headers=_auth(token),
+        )
         assert [d["status"] for d in detail.json()["deliveries"]] == ["delivered", "delivered"]
     finally:
         receiver.stop()
