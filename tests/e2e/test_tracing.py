@@ -137,6 +137,9 @@ def test_a_turn_is_one_trace_from_the_gateway_to_the_tool_workers_and_its_approv
             _one(spans, "turn.run", **{"signalbox.turn.id": turn_id}) is not None
             and names.count("tool.call") >= 2
             and _one(spans, "proposal.apply", **{"signalbox.proposal.id": proposal_id}) is not None
+            # The decision ends after the apply and the announcement under it, so it can come
+            # in a later export than they do (it did once, in CI): waited on as well.
+            and _one(spans, "proposal.decide", **{"signalbox.proposal.id": proposal_id}) is not None
             and any(
                 s.name == "outbox.publish"
                 and s.attributes.get("signalbox.outbox.topic") == "proposal_resolved"
