@@ -11,6 +11,7 @@ import json
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,9 @@ def receiver() -> Iterator[Receiver]:
 # A first request to a gateway just started on a loaded 2-core machine took more than
 # httpx's default 5 s once in CI: a deadline, generous, rather than a guess at a fast one.
 HTTP_TIMEOUT_S = 30.0
+_get = partial(httpx.get, timeout=HTTP_TIMEOUT_S)
+_post = partial(httpx.post, timeout=HTTP_TIMEOUT_S)
+_delete = partial(httpx.delete, timeout=HTTP_TIMEOUT_S)
 
 
 def _auth(token: str) -> dict[str, str]:
@@ -141,10 +145,9 @@ def test_a_receiver_that_fails_twice_gets_one_signed_delivery_on_the_third_attem
 ) -> None:
     gateway = start_gateway(webhook_allow_private=True, webhook_backoff_s=0.2, webhook_poll_s=0.05)
     user_id, token = make_user()
-    created = httpx.post(
+    created = _post(
         f"{gateway.url}/api/webhooks",
         json={"url": receiver.url, "kinds": ["turn_finished"]},
-        timeout=HTTP_TIMEOUT_S,
         headers=_auth(token),
     )
     assert created.status_code == 201, created.text
@@ -155,9 +158,8 @@ def test_a_receiver_that_fails_twice_gets_one_signed_delivery_on_the_third_attem
     turn_id = _run_a_turn(db_sessions, redis_client, redis_url, database_url, user_id)
 
     def shown() -> dict[str, Any]:
-        answer = httpx.get(
+        answer = _get(
             f"{gateway.url}/api/webhooks/{webhook['id']}",
-            timeout=HTTP_TIMEOUT_S,
             headers=_auth(token),
         )
         assert answer.status_code == 200
@@ -212,20 +214,14 @@ def test_a_webhook_url_inside_the_deployment_is_refused(
     gateway = start_gateway()
     _user_id, token = make_user()
 
-    answer = httpx.post(
+    answer = _post(
         f"{gateway.url}/api/webhooks",
         json={"url": url, "kinds": ["turn_finished"]},
-        timeout=HTTP_TIMEOUT_S,
         headers=_auth(token),
     )
 
     assert answer.status_code == 422, answer.text
-    assert (
-        httpx.get(
-            f"{gateway.url}/api/webhooks", timeout=HTTP_TIMEOUT_S, headers=_auth(token)
-        ).json()
-        == []
-    )
+    assert _get(f"{gateway.url}/api/webhooks", headers=_auth(token)).json() == []
 
 
 def test_a_delivery_whose_host_now_resolves_inside_is_refused_at_send_time(
@@ -238,10 +234,9 @@ def test_a_delivery_whose_host_now_resolves_inside_is_refused_at_send_time(
     allowing = start_gateway(webhook_allow_private=True, webhook_poll_s=3600)
     strict = allowing.settings.model_copy(update={"webhook_allow_private": False})
     user_id, token = make_user()
-    created = httpx.post(
+    created = _post(
         f"{allowing.url}/api/webhooks",
         json={"url": receiver.url, "kinds": ["proposal_created"]},
-        timeout=HTTP_TIMEOUT_S,
         headers=_auth(token),
     ).json()
     sessions = allowing.app.state.gateway.sessions
@@ -250,9 +245,7 @@ def test_a_delivery_whose_host_now_resolves_inside_is_refused_at_send_time(
 
     assert deliver_due(sessions, strict) == 1
 
-    detail = httpx.get(
-        f"{allowing.url}/api/webhooks/{created['id']}", timeout=HTTP_TIMEOUT_S, headers=_auth(token)
-    ).json()
+    detail = _get(f"{allowing.url}/api/webhooks/{created['id']}", headers=_auth(token)).json()
     [delivery] = detail["deliveries"]
     assert delivery["status"] == "pending" and delivery["attempts"] == 1
     assert "loopback" in delivery["last_error"]
@@ -266,30 +259,20 @@ def test_another_users_webhook_is_not_found(
     gateway = start_gateway(webhook_allow_private=True)
     _owner, owner_token = make_user()
     _intruder, intruder_token = make_user()
-    created = httpx.post(
+    created = _post(
         f"{gateway.url}/api/webhooks",
         json={"url": "http://127.0.0.1:9/hook", "kinds": ["turn_finished"]},
-        timeout=HTTP_TIMEOUT_S,
         headers=_auth(owner_token),
     ).json()
     path = f"{gateway.url}/api/webhooks/{created['id']}"
 
-    assert httpx.get(path, timeout=HTTP_TIMEOUT_S, headers=_auth(intruder_token)).status_code == 404
-    assert (
-        httpx.delete(path, timeout=HTTP_TIMEOUT_S, headers=_auth(intruder_token)).status_code == 404
-    )
-    assert (
-        httpx.get(
-            f"{gateway.url}/api/webhooks", timeout=HTTP_TIMEOUT_S, headers=_auth(intruder_token)
-        ).json()
-        == []
-    )
-    assert httpx.get(path, timeout=HTTP_TIMEOUT_S, headers=_auth(owner_token)).status_code == 200
-    assert httpx.delete(path, timeout=HTTP_TIMEOUT_S, headers=_auth(owner_token)).status_code == 200
-    assert httpx.get(path, timeout=HTTP_TIMEOUT_S, headers=_auth(owner_token)).status_code == 404
-    assert httpx.get(
-        f"{gateway.url}/api/webhooks/..%2f..", timeout=HTTP_TIMEOUT_S, headers=_auth(owner_token)
-    ).status_code in (
+    assert _get(path, headers=_auth(intruder_token)).status_code == 404
+    assert _delete(path, headers=_auth(intruder_token)).status_code == 404
+    assert _get(f"{gateway.url}/api/webhooks", headers=_auth(intruder_token)).json() == []
+    assert _get(path, headers=_auth(owner_token)).status_code == 200
+    assert _delete(path, headers=_auth(owner_token)).status_code == 200
+    assert _get(path, headers=_auth(owner_token)).status_code == 404
+    assert _get(f"{gateway.url}/api/webhooks/..%2f..", headers=_auth(owner_token)).status_code in (
         404,
         422,
     )
@@ -330,10 +313,9 @@ def test_a_proposal_of_a_real_turn_is_delivered_to_its_proposal_created_webhook(
         )
         user_id, token = make_user()
         (workspaces / user_id / "default").mkdir(parents=True)
-        created = httpx.post(
+        created = _post(
             f"{gateway.url}/api/webhooks",
             json={"url": receiver.url, "kinds": ["proposal_created", "proposal_resolved"]},
-            timeout=HTTP_TIMEOUT_S,
             headers=_auth(token),
         )
         assert created.status_code == 201, created.text
@@ -374,9 +356,8 @@ def test_a_proposal_of_a_real_turn_is_delivered_to_its_proposal_created_webhook(
 
         # Resolving it is the relay's other event: delivered too, once.
         proposal_id = event["data"]["proposal_id"]
-        approved = httpx.post(
+        approved = _post(
             f"{gateway.url}/api/proposals/{proposal_id}/approve",
-            timeout=HTTP_TIMEOUT_S,
             headers=_auth(token),
         )
         assert approved.status_code == 200, approved.text
@@ -384,9 +365,8 @@ def test_a_proposal_of_a_real_turn_is_delivered_to_its_proposal_created_webhook(
         resolved = json.loads(receiver.requests[1][1])
         assert resolved["kind"] == "proposal_resolved"
         assert resolved["data"] == {"proposal_id": proposal_id, "status": "applied"}
-        detail = httpx.get(
+        detail = _get(
             f"{gateway.url}/api/webhooks/{webhook['id']}",
-            timeout=HTTP_TIMEOUT_S,
             headers=_auth(token),
         )
         assert [d["status"] for d in detail.json()["deliveries"]] == ["delivered", "delivered"]

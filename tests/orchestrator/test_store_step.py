@@ -5,7 +5,6 @@ statement outside any transaction; with them, one transaction. Both leave the sa
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
@@ -18,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from signalbox.services.orchestrator import store
 from signalbox.services.orchestrator.model import ToolUse
 from signalbox.shared.db.models import Message, ModelRequest, ToolCall, Turn
-from tests.orchestrator.support import make_conversation, make_turn
+from tests.orchestrator.support import make_conversation, make_turn, wait_for
 
 
 def _turn(sessions: sessionmaker[Session], user_id: str) -> store.TurnInfo:
@@ -252,21 +251,20 @@ def test_a_step_whose_seq_another_runner_took_while_it_waited_is_stored_after_it
 
 
 def _wait_until_blocked_by(engine: Any, pid: int, thread: threading.Thread) -> None:
-    """Until a backend of ``engine``'s server waits on a lock ``pid`` holds (with a
-    deadline; ``thread`` ending first fails the test)."""
-    deadline = time.monotonic() + 30
+    """Until a backend of ``engine``'s server waits on a lock ``pid`` holds (``thread``
+    ending first fails the test)."""
     with engine.connect() as probe:
-        while time.monotonic() < deadline:
+
+        def blocked() -> bool:
             assert thread.is_alive(), "the second runner did not wait on the turn's row"
-            blocked = probe.exec_driver_sql(
+            count = probe.exec_driver_sql(
                 "SELECT count(*) FROM pg_stat_activity WHERE %(pid)s = ANY(pg_blocking_pids(pid))",
                 {"pid": pid},
             ).scalar_one()
             probe.rollback()
-            if blocked:
-                return
-            time.sleep(0.01)  # polling another backend's state, with a deadline
-    raise AssertionError("the second runner never waited on the turn's row")
+            return bool(count)
+
+        wait_for(blocked, timeout_s=30, what="the second runner to wait on the turn's row")
 
 
 def test_a_step_of_a_turn_that_is_not_there_writes_nothing(
