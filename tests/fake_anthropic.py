@@ -52,7 +52,13 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from tests.fake_prompt_cache import MAX_BREAKPOINTS, PromptCache, breakpoints, count_tokens
+from tests.fake_prompt_cache import (
+    MAX_BREAKPOINTS,
+    PromptCache,
+    breakpoints,
+    count_tokens,
+    prompt_blocks,
+)
 
 # --- the script -------------------------------------------------------------------------
 
@@ -634,7 +640,8 @@ class FakeAnthropic:
                 problems = transcript_problems(body.get("messages") or [])
                 problems += attachment_problems(body.get("messages") or [])
                 problems += thinking_problems(body)
-                marked = breakpoints(body)
+                blocks = prompt_blocks(body)  # read once for the three below
+                marked = breakpoints(body, blocks)
                 if marked > MAX_BREAKPOINTS:
                     problems.append(
                         f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be "
@@ -645,7 +652,7 @@ class FakeAnthropic:
                     self._error(400, "invalid_request_error", "; ".join(problems))
                     return
                 window = fake.context_window_tokens
-                prompt_tokens = count_tokens(body)
+                prompt_tokens = count_tokens(body, blocks)
                 if window is not None and prompt_tokens > window:
                     with fake._lock:
                         fake.too_long += 1
@@ -667,7 +674,8 @@ class FakeAnthropic:
                 if not body.get("stream"):
                     self._error(400, "invalid_request_error", "fake: only stream=true is served")
                     return
-                usage = record.usage = fake.cache.usage(body)  # read and written once served
+                # The prompt cache is read and written once the request is served.
+                usage = record.usage = fake.cache.usage(body, blocks)
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("cache-control", "no-cache")
