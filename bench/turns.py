@@ -30,6 +30,7 @@ from signalbox.services.orchestrator.model import (
     ModelRequest,
     StepEnd,
     TextDelta,
+    ToolDef,
     ToolUse,
 )
 from signalbox.services.tools import test_tools
@@ -321,12 +322,42 @@ def _step_gaps_ms(events: list[Frame]) -> list[float]:
     return gaps
 
 
-def _model_step_over_http(env: BenchEnv, model: AnthropicModel) -> float:
-    """Seconds for one tool step from the fake server through the SDK, in this process."""
-    env.fake.script([_script()[0]])
-    request = ModelRequest(
-        system="bench", messages=[{"role": "user", "content": "go"}], max_tokens=100
+def _unmarked(value: Any) -> Any:
+    """``value`` without its ``cache_control`` markers (the model marks a request again)."""
+    if isinstance(value, dict):
+        return {k: _unmarked(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_unmarked(v) for v in value]
+    return value
+
+
+def as_sent(body: Mapping[str, Any]) -> ModelRequest:
+    """The request whose Messages-API body is ``body`` (the fake's record of what the
+    stack sent), for the model to send again."""
+    system = body.get("system") or ""
+    if isinstance(system, list):
+        system = "".join(str(block.get("text", "")) for block in system)
+    return ModelRequest(
+        system=system,
+        messages=_unmarked(body.get("messages") or []),
+        tools=[
+            ToolDef(t["name"], t.get("description", ""), _unmarked(t["input_schema"]))
+            for t in body.get("tools") or []
+        ],
+        max_tokens=int(body.get("max_tokens") or 100),
     )
+
+
+def _model_step_over_http(
+    env: BenchEnv, model: AnthropicModel, request: ModelRequest | None = None
+) -> float:
+    """Seconds for one tool step from the fake server through the SDK, in this process:
+    of a one-line request, or of ``request``."""
+    env.fake.script([_script()[0]])
+    if request is None:
+        request = ModelRequest(
+            system="bench", messages=[{"role": "user", "content": "go"}], max_tokens=100
+        )
     started = time.perf_counter()
     events = list(model.stream(request))
     if not isinstance(events[-1], StepEnd):
@@ -353,6 +384,7 @@ def turn(env: BenchEnv, rounds: int, warmup: int, quick: bool = False) -> list[R
     base: list[float] = []
     gaps: list[float] = []
     model_steps: list[float] = []
+    sent_steps: list[float] = []
     celery_steps: list[float] = []
     try:
         for i in range(warmup + rounds):
@@ -370,6 +402,7 @@ def turn(env: BenchEnv, rounds: int, warmup: int, quick: bool = False) -> list[R
             if data["status"] != "completed" or data["steps"] != MODEL_STEPS:
                 raise RuntimeError(f"turn: expected a completed {MODEL_STEPS}-step turn: {data}")
             turn_events = [e for e in client.events if e.get("turn_id") == ack["turn_id"]]
+            last_sent = env.fake.requests[-1].body  # the turn's last model request
 
             turn_id = queued_turn(env, user_id)
             timed = runtime.events
@@ -381,12 +414,16 @@ def turn(env: BenchEnv, rounds: int, warmup: int, quick: bool = False) -> list[R
                 raise RuntimeError(f"turn: the in-process turn ended {outcome!r}")
             in_wall = timed.finished_at - in_started
             model_s = _model_step_over_http(env, http_model)
+            # The stack's last request again (its tools, its whole transcript): what one
+            # model step of the turn costs the SDK and the fake, outside the stack.
+            sent_s = _model_step_over_http(env, http_model, as_sent(last_sent))
             celery_s = bare_parallel(bare, TOOLS_PER_STEP)
             if i >= warmup:
                 celery_steps.append(celery_s * 1000)
                 ours.append(wall * 1000)
                 base.append(in_wall * 1000)
                 model_steps.append(model_s * 1000)
+                sent_steps.append(sent_s * 1000)
                 gaps.extend(_step_gaps_ms(turn_events))
             client.events.clear()
     finally:
@@ -419,6 +456,7 @@ def turn(env: BenchEnv, rounds: int, warmup: int, quick: bool = False) -> list[R
                 "added_ms_per_step": round(added_per_step, 3),
                 "step_gap_ms_median": round(statistics.median(gaps), 3) if gaps else None,
                 "http_model_step_ms_median": round(statistics.median(model_steps), 3),
+                "http_model_step_as_sent_ms_median": round(statistics.median(sent_steps), 3),
                 "in_process_ms_per_step": round(baseline.median / MODEL_STEPS, 3),
                 "bare_celery_4_tasks_ms_median": round(celery_group_ms, 3),
                 "celery_floor_ms_per_step": round(celery_floor_per_step, 3),
@@ -433,6 +471,10 @@ def turn(env: BenchEnv, rounds: int, warmup: int, quick: bool = False) -> list[R
                 f"(`bench.tool_calls.bare_parallel`), x {TOOL_STEPS} tool steps / "
                 f"{MODEL_STEPS} model steps: what Celery alone adds to a model step here. "
                 "`added_beyond_celery_ms_per_step` is the rest.",
+                "`http_model_step_ms_median`: one tool step of a one-line request through the "
+                "SDK from the fake server, in the bench process; "
+                "`http_model_step_as_sent_ms_median`: the same with the turn's last request as "
+                "the stack sent it (its tools and transcript).",
             ],
         )
     ]
