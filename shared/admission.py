@@ -138,9 +138,9 @@ _RUNNING_BY_USER = (
 )
 
 
-def running_by_user(session: Session, deployment: str) -> dict[str, int]:
+def running_by_user(db: Session | Connection, deployment: str) -> dict[str, int]:
     """``deployment``'s turns holding a slot, by user."""
-    rows = session.execute(_RUNNING_BY_USER, {"deployment": deployment})
+    rows = db.execute(_RUNNING_BY_USER, {"deployment": deployment})
     return {user_id: int(count) for user_id, count in rows}
 
 
@@ -181,11 +181,11 @@ _WAITING_HEADS = _waiting_heads_statement()
 
 
 def _waiting_heads(
-    session: Session, deployment: str, per_user: int
+    conn: Connection, deployment: str, per_user: int
 ) -> list[tuple[str, str, datetime, bool]]:
     """(turn, user, created, cancel asked) of ``deployment``'s turns that wait and lead their
     conversation, at most ``per_user`` per user, each user's oldest first."""
-    rows = session.execute(_WAITING_HEADS, {"deployment": deployment, "per_user": per_user})
+    rows = conn.execute(_WAITING_HEADS, {"deployment": deployment, "per_user": per_user})
     return [(t, u, as_utc(c), bool(x)) for t, u, c, x in rows]
 
 
@@ -194,10 +194,16 @@ _OWN_LIMITS = select(UserLimits.user_id, UserLimits.max_running_turns, UserLimit
 )
 
 
-def _own_limits(session: Session, user_ids: Iterable[str]) -> dict[str, tuple[int | None, int]]:
-    rows = session.execute(_OWN_LIMITS, {"user_ids": list(user_ids)})
+def _own_limits(conn: Connection, user_ids: Iterable[str]) -> dict[str, tuple[int | None, int]]:
+    rows = conn.execute(_OWN_LIMITS, {"user_ids": list(user_ids)})
     return {u: (limit, max(1, weight or 1)) for u, limit, weight in rows}
 
+
+_ADOPT_DELIVERED = (
+    update(Turn)
+    .where(Turn.id == bindparam("delivered"), Turn.deployment.is_(None))
+    .values(deployment=bindparam("deployment"))
+)
 
 _MARK_ADMITTED = (
     update(Turn)
@@ -207,13 +213,17 @@ _MARK_ADMITTED = (
 )
 
 
-def _heads_per_user(session: Session, limits: Limits) -> int:
+_OWN_LIMITS_RANGE = select(
+    func.min(UserLimits.max_running_turns), func.max(UserLimits.max_running_turns)
+)
+
+
+def _heads_per_user(conn: Connection, limits: Limits) -> int:
     """How many waiting turns of one user a pass can admit at most."""
     if limits.deployment:
         return limits.deployment
     if limits.per_user:
-        own = select(func.min(UserLimits.max_running_turns), func.max(UserLimits.max_running_turns))
-        lowest, highest = session.execute(own).one()
+        lowest, highest = conn.execute(_OWN_LIMITS_RANGE).one()
         if lowest == 0:
             return MAX_HEADS_PER_USER  # someone has no limit of their own
         return max(limits.per_user, highest or 0)
@@ -232,18 +242,19 @@ def admit(
     deployment (a scheduler tick) becomes ``deployment``'s, whose queue delivered it.
     """
     _lock(session)
+    # Core statements on the session's connection, past the ORM's execution layer (its
+    # compile state cost more than the statements themselves, on the path of every turn a
+    # gateway stores); flushed first, as the session's own ``execute`` would have.
+    session.flush()
+    conn = session.connection()
     if delivered is not None:
-        session.execute(
-            update(Turn)
-            .where(Turn.id == delivered, Turn.deployment.is_(None))
-            .values(deployment=deployment)
-        )
-    running = running_by_user(session, deployment)
+        conn.execute(_ADOPT_DELIVERED, {"delivered": delivered, "deployment": deployment})
+    running = running_by_user(conn, deployment)
     total = sum(running.values())
-    heads = _waiting_heads(session, deployment, _heads_per_user(session, limits))
+    heads = _waiting_heads(conn, deployment, _heads_per_user(conn, limits))
     if not heads:
         return []
-    own = _own_limits(session, {user_id for _t, user_id, _c, _x in heads})
+    own = _own_limits(conn, {user_id for _t, user_id, _c, _x in heads})
     users: dict[str, _User] = {}
     chosen: list[str] = []
     for turn_id, user_id, created_at, cancelled in heads:
@@ -272,7 +283,7 @@ def admit(
         total += 1
         chosen.append(turn_id)
     if chosen:
-        session.execute(_MARK_ADMITTED, {"chosen": chosen, "admitted_at": now()})
+        conn.execute(_MARK_ADMITTED, {"chosen": chosen, "admitted_at": now()})
     return chosen
 
 
