@@ -46,6 +46,7 @@ from sqlalchemy.orm import Session, aliased
 
 from signalbox.shared.db import AdmissionLock, Turn, UserLimits
 from signalbox.shared.db.models import as_utc, now
+from signalbox.shared.db.session import core
 from signalbox.shared.settings import CommonSettings
 from signalbox.shared.statuses import UNFINISHED_TURNS, TurnState
 
@@ -242,11 +243,9 @@ def admit(
     deployment (a scheduler tick) becomes ``deployment``'s, whose queue delivered it.
     """
     _lock(session)
-    # Core statements on the session's connection, past the ORM's execution layer (its
-    # compile state cost more than the statements themselves, on the path of every turn a
-    # gateway stores); flushed first, as the session's own ``execute`` would have.
-    session.flush()
-    conn = session.connection()
+    # Core statements on the session's connection (its compile state cost the ORM more than
+    # the statements themselves, on the path of every turn a gateway stores).
+    conn = core(session)
     if delivered is not None:
         conn.execute(_ADOPT_DELIVERED, {"delivered": delivered, "deployment": deployment})
     running = running_by_user(conn, deployment)

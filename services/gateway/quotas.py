@@ -15,13 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from signalbox.services.gateway.errors import QuotaExceeded
 from signalbox.services.gateway.metrics import GatewayMetrics, user_class
 from signalbox.shared.db import Conversation, Upload, User, Workspace
 from signalbox.shared.db.concurrency import lock_row
+from signalbox.shared.db.session import core
 from signalbox.shared.db.tenancy import own_limits
 from signalbox.shared.quotas import pending_proposals, workspace_bytes
 from signalbox.shared.settings import GatewaySettings
@@ -46,48 +47,37 @@ _UNITS: dict[QuotaName, str] = {
 }
 
 
-def _conversations(session: Session, user_id: str) -> int:
-    return int(
-        session.scalar(
-            select(func.count())
-            .select_from(Conversation)
-            .where(Conversation.user_id == user_id, Conversation.archived_at.is_(None))
-        )
-        or 0
-    )
+# Built once, the user bound; run as Core on the session's connection (``core``).
+_CONVERSATIONS = (
+    select(func.count())
+    .select_from(Conversation)
+    .where(Conversation.user_id == bindparam("user_id"), Conversation.archived_at.is_(None))
+)
+_WORKSPACES = (
+    select(func.count()).select_from(Workspace).where(Workspace.user_id == bindparam("user_id"))
+)
+_UPLOADS = select(func.count()).select_from(Upload).where(Upload.user_id == bindparam("user_id"))
+_UPLOAD_BYTES = select(func.coalesce(func.sum(Upload.size), 0)).where(
+    Upload.user_id == bindparam("user_id")
+)
+_WORKSPACE_NAMED = select(Workspace.id).where(
+    Workspace.user_id == bindparam("user_id"), Workspace.name == bindparam("name")
+)
 
 
-def _workspaces(session: Session, user_id: str) -> int:
-    return int(
-        session.scalar(
-            select(func.count()).select_from(Workspace).where(Workspace.user_id == user_id)
-        )
-        or 0
-    )
+def _counter(statement: Select[int]) -> Callable[[Session, str], int]:
+    def count(session: Session, user_id: str) -> int:
+        return int(core(session).scalar(statement, {"user_id": user_id}) or 0)
 
-
-def _uploads(session: Session, user_id: str) -> int:
-    return int(
-        session.scalar(select(func.count()).select_from(Upload).where(Upload.user_id == user_id))
-        or 0
-    )
-
-
-def _upload_bytes(session: Session, user_id: str) -> int:
-    return int(
-        session.scalar(
-            select(func.coalesce(func.sum(Upload.size), 0)).where(Upload.user_id == user_id)
-        )
-        or 0
-    )
+    return count
 
 
 # What a user holds, counted in SQL; ``workspace_bytes`` is counted on disk (usage_of).
 HELD: dict[QuotaName, Callable[[Session, str], int]] = {
-    "conversations": _conversations,
-    "workspaces": _workspaces,
-    "uploads": _uploads,
-    "upload_bytes": _upload_bytes,
+    "conversations": _counter(_CONVERSATIONS),
+    "workspaces": _counter(_WORKSPACES),
+    "uploads": _counter(_UPLOADS),
+    "upload_bytes": _counter(_UPLOAD_BYTES),
     "pending_proposals": pending_proposals,
 }
 
@@ -144,8 +134,6 @@ class Quotas:
 
     def reserve_workspace(self, session: Session, user_id: str, name: str) -> None:
         """Refuse a workspace the user does not have yet once they hold their quota of them."""
-        exists = session.scalar(
-            select(Workspace.id).where(Workspace.user_id == user_id, Workspace.name == name)
-        )
+        exists = core(session).scalar(_WORKSPACE_NAMED, {"user_id": user_id, "name": name})
         if exists is None:
             self.reserve(session, user_id, "workspaces")

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 import anyio.to_thread
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from signalbox.services.gateway.agents import bind_agent, check_bound_agent
@@ -34,6 +34,7 @@ from signalbox.services.gateway.workspaces import make_workspace_dir
 from signalbox.shared.db import Conversation, Turn, User
 from signalbox.shared.db.concurrency import lock_row
 from signalbox.shared.db.models import as_utc, now
+from signalbox.shared.db.session import core
 from signalbox.shared.event_stream import STREAM_MAXLEN, encode
 from signalbox.shared.events import EventKind
 from signalbox.shared.ids import new_id
@@ -68,12 +69,21 @@ class _Inserted:
     user_class: str = "user"  # of the submitter, for per-class metrics
 
 
+# Built once, run as Core (``core``): asked for every message with a ``client_turn_id``, and
+# a turn is found only for a resend, when the ORM loads it.
+_RESENT_TURN = (
+    select(Turn.id)
+    .where(Turn.user_id == bindparam("user_id"), Turn.client_turn_id == bindparam("client_turn_id"))
+    .order_by(Turn.created_at)
+    .limit(1)
+)
+
+
 def _existing_turn(session: Session, user_id: str, client_turn_id: str) -> Turn | None:
-    return session.scalars(
-        select(Turn)
-        .where(Turn.user_id == user_id, Turn.client_turn_id == client_turn_id)
-        .order_by(Turn.created_at)
-    ).first()
+    turn_id = core(session).scalar(
+        _RESENT_TURN, {"user_id": user_id, "client_turn_id": client_turn_id}
+    )
+    return None if turn_id is None else session.get(Turn, turn_id)
 
 
 def _insert_turn(

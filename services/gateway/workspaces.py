@@ -19,7 +19,7 @@ from signalbox.services.gateway import proposals_client
 from signalbox.services.gateway.errors import BadInput, NotFound
 from signalbox.services.gateway.state import Gateway
 from signalbox.shared.db import User, Workspace
-from signalbox.shared.db.concurrency import insert_or_get
+from signalbox.shared.db.concurrency import insert_if_missing
 from signalbox.shared.ids import new_id
 from signalbox.shared.workspace_paths import check_workspace_name, workspace_dir
 
@@ -34,14 +34,14 @@ def checked_workspace(name: str) -> str:
         raise BadInput(str(exc)) from None
 
 
-def ensure_workspace(session: Session, user_id: str, name: str) -> Workspace:
-    """The user's workspace row ``name``, created if missing.
+def ensure_workspace(session: Session, user_id: str, name: str) -> None:
+    """Create the user's workspace row ``name`` if missing.
 
-    Insert-or-get on the (user, name) unique key: a new user's first sends, arriving at once
-    on several sockets, all create ``default``, and each must get the one row.
+    Insert-if-missing on the (user, name) unique key: a new user's first sends, arriving at
+    once on several sockets, all create ``default``, and there must be one row.
     """
     values = {"id": new_id("ws"), "user_id": user_id, "name": checked_workspace(name)}
-    return insert_or_get(session, Workspace, values, key=("user_id", "name"))
+    insert_if_missing(session, Workspace, values, key=("user_id", "name"))
 
 
 def make_workspace_dir(root: Path, user_id: str, name: str) -> Path:

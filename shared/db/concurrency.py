@@ -18,14 +18,16 @@ asks the server.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import event, inspect, select, update
+from sqlalchemy import Update, bindparam, event, inspect, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, SessionTransaction
 
 from signalbox.shared.db.models import Base
+from signalbox.shared.db.session import core
 
 M = TypeVar("M", bound=Base)
 
@@ -39,6 +41,26 @@ def insert_or_get(
     when this call inserts; a row that exists (or that a concurrent transaction inserts and
     commits first) is returned as it is.
     """
+    session.execute(_insert_statement(session, model, values, key))
+    columns = inspect(model).columns
+    found = session.scalars(select(model).where(*(columns[k] == values[k] for k in key))).one()
+    return found
+
+
+def insert_if_missing(
+    session: Session, model: type[Base], values: Mapping[str, Any], key: Sequence[str]
+) -> None:
+    """``insert_or_get`` without reading the row back, for a caller that needs it to exist
+    and nothing more (a workspace's row), as Core on the session's connection (``core``).
+    Core: no ORM execution event sees it, so not for a table a Session listener watches
+    (``user_limits``: ``tenancy.own_limits``)."""
+    core(session).execute(_insert_statement(session, model, values, key))
+
+
+def _insert_statement(
+    session: Session, model: type[Base], values: Mapping[str, Any], key: Sequence[str]
+) -> Any:
+    """``INSERT ... ON CONFLICT (key) DO NOTHING`` of ``values`` into ``model``."""
     dialect = session.get_bind().dialect.name
     if dialect == "postgresql":
         statement: Any = postgresql.insert(model)
@@ -46,10 +68,7 @@ def insert_or_get(
         statement = sqlite.insert(model)
     else:
         raise NotImplementedError(f"expected sqlite or postgresql, got {dialect!r}")
-    session.execute(statement.values(**values).on_conflict_do_nothing(index_elements=list(key)))
-    columns = inspect(model).columns
-    found = session.scalars(select(model).where(*(columns[k] == values[k] for k in key))).one()
-    return found
+    return statement.values(**values).on_conflict_do_nothing(index_elements=list(key))
 
 
 def lock_row(session: Session, model: type[Base], row_id: str) -> bool:
@@ -64,15 +83,19 @@ def lock_row(session: Session, model: type[Base], row_id: str) -> bool:
     held = None if nested else _held_locks(session)
     if held is not None and (model, row_id) in held:
         return held[(model, row_id)]
-    (pk,) = inspect(model).primary_key
-    # It writes the key onto itself, so no loaded object changes: nothing for the ORM to
-    # synchronise (by default it read the row's key back with a SELECT of its own).
-    take = update(model).where(pk == row_id).values({pk.key: pk})
-    result: Any = session.execute(take.execution_options(synchronize_session=False))
+    result: Any = core(session).execute(_lock_statement(model), {"row_id": row_id})
     found = bool(result.rowcount)
     if held is not None:
         held[(model, row_id)] = found
     return found
+
+
+@functools.cache
+def _lock_statement(model: type[Base]) -> Update:
+    """``model``'s row lock, built once: an ``UPDATE`` that writes the key onto itself, so
+    no loaded object changes (run as Core: nothing for the ORM to synchronise)."""
+    (pk,) = inspect(model).primary_key
+    return update(model).where(pk == bindparam("row_id")).values({pk.key: pk})
 
 
 def _held_locks(session: Session) -> dict[tuple[type[Base], str], bool]:

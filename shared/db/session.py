@@ -12,7 +12,7 @@ import select
 import time
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, exc
+from sqlalchemy import Connection, Engine, create_engine, event, exc
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 
@@ -135,6 +135,15 @@ def engine_of(sessions: sessionmaker[Session]) -> Engine:
     if not isinstance(engine, Engine):  # every factory here: make_session_factory(engine)
         raise TypeError(f"the session factory is bound to {engine!r}, not to an engine")
     return engine
+
+
+def core(session: Session) -> Connection:
+    """``session``'s connection, for Core statements past the ORM's execution layer (its
+    compile state costs more than a small statement's own work); what the session holds
+    unwritten is flushed first, as ``Session.execute`` would, so a count or a lock sees it.
+    Inside the session's transaction, savepoint included."""
+    session.flush()
+    return session.connection()
 
 
 def reading(sessions: sessionmaker[Session]) -> Session:
