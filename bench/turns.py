@@ -337,6 +337,7 @@ def as_sent(body: Mapping[str, Any]) -> ModelRequest:
     system = body.get("system") or ""
     if isinstance(system, list):
         system = "".join(str(block.get("text", "")) for block in system)
+    thinking = body.get("thinking")
     return ModelRequest(
         system=system,
         messages=_unmarked(body.get("messages") or []),
@@ -345,6 +346,10 @@ def as_sent(body: Mapping[str, Any]) -> ModelRequest:
             for t in body.get("tools") or []
         ],
         max_tokens=int(body.get("max_tokens") or 100),
+        model=str(body.get("model") or ""),
+        thinking_budget_tokens=thinking.get("budget_tokens")
+        if isinstance(thinking, dict)
+        else None,
     )
 
 

@@ -241,6 +241,9 @@ def admit(
 
     ``delivered``: a turn whose ``run_turn`` came before its admission; one stored without a
     deployment (a scheduler tick) becomes ``deployment``'s, whose queue delivered it.
+
+    Its writes are Core statements (``core``): a ``Turn`` the session loaded before the pass
+    does not see its ``admitted_at`` or ``deployment`` change.
     """
     _lock(session)
     # Core statements on the session's connection (its compile state cost the ORM more than

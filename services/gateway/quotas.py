@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from sqlalchemy import Select, bindparam, func, select
 from sqlalchemy.orm import Session
@@ -65,7 +65,7 @@ _WORKSPACE_NAMED = select(Workspace.id).where(
 )
 
 
-def _counter(statement: Select[int]) -> Callable[[Session, str], int]:
+def _counter(statement: Select[Any]) -> Callable[[Session, str], int]:
     def count(session: Session, user_id: str) -> int:
         return int(core(session).scalar(statement, {"user_id": user_id}) or 0)
 

@@ -1,10 +1,11 @@
 """The two ways a read-then-write stays right when requests race, on SQLite and PostgreSQL.
 
-``insert_or_get``: a row that must exist once per key (a user's ``default`` workspace) is
+``insert_or_get``: a row that must exist once per key (a user's ``user_limits``) is
 inserted with ``ON CONFLICT DO NOTHING`` and then read. A "select, and insert if missing"
 loses the race to a concurrent insert of the same key and fails its whole transaction with
 an ``IntegrityError``; the conflict clause makes the second insert wait for the first
-and then insert nothing, so both callers get the one row.
+and then insert nothing, so both callers get the one row. ``insert_if_missing`` is the same
+insert without the read, for a row that must only exist (a user's ``default`` workspace).
 
 ``lock_row``: when the decision to write depends on rows a unique key cannot guard (a
 resent first message must find the turn its first send stored), the writers serialise on

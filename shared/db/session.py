@@ -140,9 +140,11 @@ def engine_of(sessions: sessionmaker[Session]) -> Engine:
 def core(session: Session) -> Connection:
     """``session``'s connection, for Core statements past the ORM's execution layer (its
     compile state costs more than a small statement's own work); what the session holds
-    unwritten is flushed first, as ``Session.execute`` would, so a count or a lock sees it.
-    Inside the session's transaction, savepoint included."""
-    session.flush()
+    unwritten is flushed first when it autoflushes, as ``Session.execute`` would, so a count
+    or a lock sees it. Inside the session's transaction, savepoint included. A Core write
+    refreshes no object the session has loaded, and no ORM execution event sees it."""
+    if session.autoflush:
+        session.flush()
     return session.connection()
 
 

@@ -16,7 +16,7 @@ from sqlalchemy import delete, event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.shared.db import Conversation, User, UserLimits, Workspace
-from signalbox.shared.db.concurrency import insert_or_get, lock_row
+from signalbox.shared.db.concurrency import insert_if_missing, insert_or_get, lock_row
 from signalbox.shared.db.tenancy import own_limits
 from signalbox.shared.ids import new_id
 
@@ -76,6 +76,33 @@ def test_insert_or_get_returns_the_existing_row_unchanged(
         )
         session.commit()
     assert first.id == again.id == "ws_first"
+
+
+def test_insert_if_missing_from_many_threads_makes_one_row_and_keeps_it(
+    db_sessions: sessionmaker[Session], make_user: Callable[[], tuple[str, str]]
+) -> None:
+    user_id, _ = make_user()
+    tried: list[str] = []
+
+    def ensure(session: Session) -> str:
+        values = {"id": new_id("ws"), "user_id": user_id, "name": "default"}
+        tried.append(values["id"])
+        insert_if_missing(session, Workspace, values, key=("user_id", "name"))
+        return values["id"]
+
+    _at_once(db_sessions, ensure)
+    with db_sessions() as session:
+        rows = session.scalars(select(Workspace).where(Workspace.user_id == user_id)).all()
+        assert len(rows) == 1 and rows[0].id in tried
+        insert_if_missing(
+            session,
+            Workspace,
+            {"id": "ws_late", "user_id": user_id, "name": "default"},
+            ("user_id", "name"),
+        )
+        session.commit()
+        again = session.scalars(select(Workspace).where(Workspace.user_id == user_id)).all()
+    assert [r.id for r in again] == [rows[0].id]  # the row that was there, unchanged
 
 
 def test_lock_row_serialises_a_read_then_write(
