@@ -89,22 +89,23 @@ class _User:
 # pass, on the path of every turn a gateway stores). SQLAlchemy memoizes a constant
 # statement's cache key, so each execution only binds its values.
 _TAKE_LOCK = (
-    update(AdmissionLock)
-    .where(AdmissionLock.id == 1)
-    .values(passes=AdmissionLock.passes + 1)
-    .execution_options(synchronize_session=False)
+    update(AdmissionLock).where(AdmissionLock.id == 1).values(passes=AdmissionLock.passes + 1)
 )
 
 
-def _lock(session: Session) -> None:
+def _lock(session: Session) -> Connection:
     """Hold the admission lock until the transaction ends (created on first use, for a
-    database made by ``create_all`` rather than the migrations)."""
-    result: Any = session.execute(_TAKE_LOCK)
+    database made by ``create_all`` rather than the migrations); returns the session's
+    connection, on which the pass runs its Core statements (``core``: the ORM's compile
+    state cost more than the statements themselves, on the path of every stored turn)."""
+    conn = core(session)
+    result: Any = conn.execute(_TAKE_LOCK)
     if not result.rowcount:
-        from signalbox.shared.db.concurrency import insert_or_get
+        from signalbox.shared.db.concurrency import insert_if_missing
 
-        insert_or_get(session, AdmissionLock, {"id": 1, "passes": 0}, ["id"])
-        session.execute(_TAKE_LOCK)
+        insert_if_missing(session, AdmissionLock, {"id": 1, "passes": 0}, ["id"])
+        conn.execute(_TAKE_LOCK)
+    return conn
 
 
 # Built once, the deployment bound: asked each time a turn ends.
@@ -245,10 +246,7 @@ def admit(
     Its writes are Core statements (``core``): a ``Turn`` the session loaded before the pass
     does not see its ``admitted_at`` or ``deployment`` change.
     """
-    _lock(session)
-    # Core statements on the session's connection (its compile state cost the ORM more than
-    # the statements themselves, on the path of every turn a gateway stores).
-    conn = core(session)
+    conn = _lock(session)
     if delivered is not None:
         conn.execute(_ADOPT_DELIVERED, {"delivered": delivered, "deployment": deployment})
     running = running_by_user(conn, deployment)
