@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
 
 from signalbox.chat import ChatClient, ChatOptions, Prompt
@@ -25,6 +24,7 @@ from signalbox.client import ProposalAck
 from signalbox.gateway_api import DEFAULT_GATEWAY_URL, resolve_url
 from signalbox.redis_server import free_port
 from signalbox.stack import Stack
+from tests import http_calls
 from tests.test_chat import signalbox_cli
 
 DEADLINE_S = 5.0
@@ -228,7 +228,7 @@ def test_up_pins_both_ports_and_chat_and_proposals_find_its_url(
                 break
         url_file = tmp_path / "var" / "gateway-url"
         assert url_file.read_text().strip() == f"http://127.0.0.1:{gateway_port}"
-        assert httpx.get(f"http://127.0.0.1:{proposals_port}/healthz").status_code == 200
+        assert http_calls.get(f"http://127.0.0.1:{proposals_port}/healthz").status_code == 200
         listed = subprocess.run(
             [*_command(), "proposals", "list"], cwd=tmp_path, env=_env(),
             capture_output=True, text=True, timeout=60,

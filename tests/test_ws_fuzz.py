@@ -33,6 +33,7 @@ from signalbox.services.gateway.app import create_app, server_config
 from signalbox.shared.db.users import create_user
 from signalbox.shared.protocol import ClientFrame, ErrorCode
 from signalbox.shared.settings import GatewaySettings
+from tests import http_calls
 
 MAX_FRAME_BYTES = 16 * 1024  # small, so "huge" frames are cheap to make
 PROTOCOL_CLOSE_CODES = {1003, 1007, 1008, 1009, 1011, 1013}
@@ -262,8 +263,8 @@ def test_a_junk_handshake_is_refused_not_crashed(
 
 
 def test_the_gateway_is_healthy_after_the_fuzz(gateway: _Gateway, errors: _Errors) -> None:
-    assert httpx.get(f"{gateway.http}/healthz", timeout=5).status_code == 200
-    assert httpx.get(f"{gateway.http}/readyz", timeout=5).status_code == 200
+    assert http_calls.get(f"{gateway.http}/healthz", timeout=5).status_code == 200
+    assert http_calls.get(f"{gateway.http}/readyz", timeout=5).status_code == 200
     with gateway.connect() as ws:
         ws.send(json.dumps({"type": "ping", "req": "after"}))
         reply = json.loads(ws.recv(timeout=REPLY_TIMEOUT_S))

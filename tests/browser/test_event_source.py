@@ -11,12 +11,12 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.stack import Stack
+from tests import http_calls
 from tests.browser.conftest import new_user
 from tests.fake_anthropic import FakeAnthropic, Stall, text
 from tests.proposals.tcp_proxy import Proxy
@@ -76,7 +76,7 @@ def test_native_event_source_resumes_after_a_drop_mid_turn_with_nothing_lost_or_
     )
     _user_id, token = new_user(sessions)
     headers = {"Authorization": f"Bearer {token}"}
-    created = httpx.post(f"{stack.gateway_url}/api/conversations", headers=headers, json={})
+    created = http_calls.post(f"{stack.gateway_url}/api/conversations", headers=headers, json={})
     assert created.status_code == 201, created.text
     conversation_id = created.json()["conversation_id"]
 
@@ -89,7 +89,7 @@ def test_native_event_source_resumes_after_a_drop_mid_turn_with_nothing_lost_or_
         ticket = page.evaluate(OPEN_STREAM, [conversation_id, token])
         page.wait_for_function("window.opens === 1", timeout=TIMEOUT_MS)
 
-        turn = httpx.post(
+        turn = http_calls.post(
             f"{stack.gateway_url}/api/conversations/{conversation_id}/turns",
             headers=headers,
             json={"text": "sse-drop-check please"},
@@ -133,7 +133,7 @@ def test_native_event_source_resumes_after_a_drop_mid_turn_with_nothing_lost_or_
     assert resumed and set(resumed) == {before_drop[-1]}
 
     # The ticket is single-use everywhere else, and never reaches the gateway's log.
-    again = httpx.get(
+    again = http_calls.get(
         f"{stack.gateway_url}/api/conversations/{conversation_id}/stream",
         params={"ticket": ticket},
     )

@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -22,6 +21,7 @@ from signalbox.shared.ids import new_id
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.workspace_paths import workspace_dir
 from signalbox.stack import Stack
+from tests import http_calls
 from tests.browser.conftest import screenshot
 
 if TYPE_CHECKING:
@@ -132,7 +132,7 @@ def test_turn_timeline_approval_and_resume_in_a_real_browser(
     page.evaluate("window.signalbox.drop()")
     expect(page.locator("#conn")).to_have_text("reconnecting")
     seen_before = len(rendered_ids(page))
-    response = httpx.post(
+    response = http_calls.post(
         f"{stack.gateway_url}/api/conversations/{conversation_id}/turns",
         headers={"Authorization": f"Bearer {token}"},
         json={"text": "look around"},

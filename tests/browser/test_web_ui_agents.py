@@ -7,10 +7,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.stack import Stack
+from tests import http_calls
 from tests.browser.conftest import console_errors, new_user, screenshot
 from tests.fake_anthropic import FakeAnthropic, text, thinking
 
@@ -40,7 +40,7 @@ def test_a_new_conversation_runs_as_the_agent_picked(
     expect.set_options(timeout=UI_TIMEOUT_MS)
     errors = console_errors(page)
     _, token = new_user(sessions)
-    made = httpx.post(
+    made = http_calls.post(
         f"{stack.gateway_url}/api/agents",
         headers={"Authorization": f"Bearer {token}"},
         json={

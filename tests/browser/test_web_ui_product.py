@@ -12,12 +12,12 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.shared.db import Turn
 from signalbox.shared.workspace_paths import workspace_dir
 from signalbox.stack import Stack
+from tests import http_calls
 from tests.browser.conftest import console_errors, new_user, screenshot
 from tests.fake_anthropic import FakeAnthropic, stall, text, tool_use
 
@@ -188,10 +188,10 @@ def test_per_file_approval_from_the_changes_inbox(
     _expect_timeout()
     user_id, token = make_stack_user()
     auth = {"Authorization": f"Bearer {token}"}
-    conversation = httpx.post(
+    conversation = http_calls.post(
         f"{stack.gateway_url}/api/conversations", headers=auth, json={"title": "two files"}
     ).json()
-    created = httpx.post(
+    created = http_calls.post(
         f"{stack.proposals_url}/internal/proposals",
         headers={"X-Signalbox-Internal-Token": internal_token},
         json={

@@ -8,12 +8,12 @@ import re
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.shared.db import Alarm
 from signalbox.shared.ids import new_id
 from signalbox.stack import Stack
+from tests import http_calls
 from tests.browser.conftest import console_errors, new_user, screenshot
 from tests.fake_anthropic import FakeAnthropic
 
@@ -24,7 +24,7 @@ UI_TIMEOUT_MS = 20_000
 
 
 def _get(stack: Stack, token: str, path: str) -> Any:
-    res = httpx.get(f"{stack.gateway_url}{path}", headers={"Authorization": f"Bearer {token}"})
+    res = http_calls.get(f"{stack.gateway_url}{path}", headers={"Authorization": f"Bearer {token}"})
     assert res.status_code == 200, res.text
     return res.json()
 
@@ -174,7 +174,7 @@ def test_a_pending_alarm_is_listed_and_cancelled(
     expect.set_options(timeout=UI_TIMEOUT_MS)
     errors = console_errors(page)
     user_id, token = new_user(sessions)
-    made = httpx.post(
+    made = http_calls.post(
         f"{stack.gateway_url}/api/conversations",
         headers={"Authorization": f"Bearer {token}"},
         json={"title": "deploy watch"},

@@ -24,6 +24,7 @@ from signalbox.services.tools.test_tools import counter_key
 from signalbox.shared.db.models import Conversation, Message, ToolCall, now
 from signalbox.shared.db.models import Turn as TurnRow
 from signalbox.shared.ids import new_id
+from tests import http_calls
 from tests.fake_anthropic import stall, text, tool_use
 
 from .conftest import (
@@ -358,7 +359,7 @@ def test_redis_restart_with_data_lost(chaos: Chaos, user: Client) -> None:
             )
         ]
     assert running in texts[0] and "Working." in texts[1] and "Running turn done." in texts[2]
-    body = httpx.get(
+    body = http_calls.get(
         f"{chaos.stack.gateway_url}/api/conversations/{conv_id}",
         headers={"Authorization": f"Bearer {user.token}"},
         timeout=10,
@@ -368,7 +369,7 @@ def test_redis_restart_with_data_lost(chaos: Chaos, user: Client) -> None:
 
 def _ready(chaos: Chaos) -> bool:
     try:
-        return httpx.get(f"{chaos.stack.gateway_url}/readyz", timeout=2).status_code == 200
+        return http_calls.get(f"{chaos.stack.gateway_url}/readyz", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -376,7 +377,7 @@ def _ready(chaos: Chaos) -> bool:
 def _queued_turn_whose_message_is_lost(chaos: Chaos, user: Client, marker: str) -> str:
     """A turn stored and admitted as the gateway does it, whose Celery message the Redis
     restart takes (it is never sent here: what is left after a loss is the SQL row alone)."""
-    created = httpx.post(
+    created = http_calls.post(
         f"{chaos.stack.gateway_url}/api/conversations",
         json={"workspace": "default", "title": marker},
         headers={"Authorization": f"Bearer {user.token}"},

@@ -29,7 +29,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import select
 
@@ -38,6 +37,7 @@ from signalbox.services.tools.test_tools import counter_key
 from signalbox.shared.db.models import Proposal, ToolCall, Turn
 from signalbox.shared.event_stream import EventStream
 from signalbox.shared.events import Event
+from tests import http_calls
 from tests.chaos import netns
 from tests.chaos.hosts import (
     GATEWAYS,
@@ -340,7 +340,7 @@ def test_the_proposals_service_cut_from_redis_between_commit_and_publish(
     cut_at = time.monotonic()
     # Over HTTP: a gateway answers one socket's frames in order, so a decision that waits on
     # the partition would hold the socket's pongs back too (the client would roam).
-    reply = httpx.post(
+    reply = http_calls.post(
         f"{d.gateway_url(client.gateway)}/api/proposals/{proposal_id}/approve",
         headers={"Authorization": f"Bearer {client.token}"},
         json={},

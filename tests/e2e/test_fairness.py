@@ -28,6 +28,7 @@ from signalbox.shared.db.models import as_utc
 from signalbox.shared.db.users import create_user
 from signalbox.shared.statuses import TurnState
 from signalbox.stack import Stack, StackConfig
+from tests import http_calls
 from tests.fake_anthropic import FakeAnthropic, stall, text
 
 ANSWER_S = 0.3  # the model's time per answer
@@ -119,7 +120,7 @@ def test_a_flood_from_one_user_does_not_delay_another(
     noisy, quiet = _user(stack_sessions), _user(stack_sessions)
 
     async def scenario() -> tuple[list[float], float, str, list[str]]:
-        async with httpx.AsyncClient(base_url=fair_stack.gateway_url, timeout=60.0) as client:
+        async with http_calls.AsyncClient(base_url=fair_stack.gateway_url, timeout=60.0) as client:
             await _send(client, quiet, "warm-up")  # the first turn also starts the SDK's client
             unloaded = []
             for i in range(3):  # B's start on the idle stack

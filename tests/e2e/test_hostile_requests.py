@@ -6,10 +6,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-import httpx
-
 from signalbox.stack import Stack
-from tests import rawhttp
+from tests import http_calls, rawhttp
 
 Users = Callable[[], tuple[str, str]]
 
@@ -20,7 +18,7 @@ def test_the_issues_requests_are_refused_by_the_real_services(
     a_user, a_token = make_stack_user()
     _, b_token = make_stack_user()
     a = {"Authorization": f"Bearer {a_token}"}
-    conversation = httpx.post(f"{stack.gateway_url}/api/conversations", json={}, headers=a)
+    conversation = http_calls.post(f"{stack.gateway_url}/api/conversations", json={}, headers=a)
     conversation_id = conversation.json()["conversation_id"]
     forged = json.dumps(
         {
@@ -46,9 +44,9 @@ def test_the_issues_requests_are_refused_by_the_real_services(
             body = forged if method == "POST" else None
             status = rawhttp.send(base, method, target, headers, body).status
             assert 400 <= status < 500, (base, method, target, status)
-    pending = httpx.get(f"{stack.gateway_url}/api/proposals/pending", headers=a)
+    pending = http_calls.get(f"{stack.gateway_url}/api/proposals/pending", headers=a)
     assert pending.json() == {"proposals": []}
-    events = httpx.get(
+    events = http_calls.get(
         f"{stack.gateway_url}/api/conversations/{conversation_id}/events", headers=a
     ).json()
     assert "proposal_created" not in [e["kind"] for e in events]

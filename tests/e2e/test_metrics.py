@@ -12,13 +12,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from signalbox.client import Client, WebSocket
 from signalbox.shared.events import Event
 from signalbox.stack import Stack
+from tests import http_calls
 from tests.scheduler.polling import wait_for
 
 TURN_TIMEOUT_S = 60.0
@@ -30,7 +30,7 @@ Scrape = dict[Sample, float]
 
 def scrape(url: str) -> Scrape:
     """Every sample of one ``/metrics`` page, by name and labels."""
-    reply = httpx.get(url, timeout=10.0)
+    reply = http_calls.get(url, timeout=10.0)
     assert reply.status_code == 200, f"{url}: {reply.status_code} {reply.text[:200]}"
     assert reply.headers["content-type"].startswith("text/plain")
     samples: Scrape = {}

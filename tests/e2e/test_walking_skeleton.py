@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import redis
 from websockets.exceptions import InvalidStatus
@@ -19,6 +18,7 @@ from signalbox.shared.event_stream import EventStream, id_after
 from signalbox.shared.events import Event
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.stack import Stack
+from tests import http_calls
 from tests.wsclient import WsClient
 
 TURN_TIMEOUT_S = 60.0
@@ -181,6 +181,6 @@ def test_wrong_token_is_refused_at_the_handshake(stack: Stack) -> None:
 
 def test_health_and_readiness(stack: Stack) -> None:
     for base in (stack.gateway_url, stack.proposals_url):
-        assert httpx.get(f"{base}/healthz").status_code == 200
-        ready = httpx.get(f"{base}/readyz")
+        assert http_calls.get(f"{base}/healthz").status_code == 200
+        ready = http_calls.get(f"{base}/readyz")
         assert ready.status_code == 200, json.dumps(ready.json())

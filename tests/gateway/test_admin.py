@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import httpx
 import pytest
 from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.services.gateway.routes.admin import router as admin_router
 from signalbox.shared.db import User, UserLimits
+from tests import http_calls
 from tests.gateway.conftest import LiveGateway, bearer
 
 
@@ -36,7 +36,7 @@ def test_a_normal_user_calling_each_admin_route_is_refused_403_and_changes_nothi
     _attacker_id, attacker_token = make_user()
     routes = [r for r in admin_router.routes if isinstance(r, APIRoute)]
     assert len(routes) >= 6
-    with httpx.Client(base_url=gateway.url, headers=bearer(attacker_token)) as http:
+    with http_calls.Client(base_url=gateway.url, headers=bearer(attacker_token)) as http:
         for route in routes:
             path = route.path.replace("{user_id}", victim_id)
             for method in route.methods or set():
@@ -46,9 +46,9 @@ def test_a_normal_user_calling_each_admin_route_is_refused_403_and_changes_nothi
                 assert reply.json()["code"] == "forbidden"
     with db_sessions() as s:
         assert s.get(UserLimits, victim_id) is None, "no budget or quota was written"
-    with httpx.Client(base_url=gateway.url, headers=bearer(victim_token)) as http:
+    with http_calls.Client(base_url=gateway.url, headers=bearer(victim_token)) as http:
         assert http.get("/api/me").status_code == 200, "the victim's token was not revoked"
-    with httpx.Client(base_url=gateway.url) as anonymous:
+    with http_calls.Client(base_url=gateway.url) as anonymous:
         assert anonymous.get("/api/admin/usage").status_code == 401
 
 
@@ -60,7 +60,7 @@ def test_an_admin_sees_every_users_usage_sets_budgets_and_quotas_and_revokes_tok
     admin_id, admin_token = make_user()
     _make_admin(db_sessions, admin_id)
     user_id, user_token = make_user()
-    with httpx.Client(base_url=gateway.url, headers=bearer(admin_token)) as http:
+    with http_calls.Client(base_url=gateway.url, headers=bearer(admin_token)) as http:
         assert http.get("/api/me").json()["is_admin"] is True
         usage = http.get("/api/admin/usage").json()
         assert {admin_id, user_id} <= {row["user_id"] for row in usage}
@@ -79,7 +79,7 @@ def test_an_admin_sees_every_users_usage_sets_budgets_and_quotas_and_revokes_tok
         bad = http.put(f"/api/admin/users/{user_id}/budget", json={"day_tokens": -1})
         assert bad.status_code == 422
 
-        with httpx.Client(base_url=gateway.url, headers=bearer(user_token)) as user_http:
+        with http_calls.Client(base_url=gateway.url, headers=bearer(user_token)) as user_http:
             [mine] = user_http.get("/api/me/budget").json()["budgets"]
             assert mine["limit_tokens"] == 1000
             revoked = http.post(f"/api/admin/users/{user_id}/revoke-tokens")
@@ -92,7 +92,7 @@ def test_a_user_sees_only_their_own_budget_and_quotas(
     gateway: LiveGateway, make_user: Callable[[], tuple[str, str]], path: str
 ) -> None:
     user_id, token = make_user()
-    with httpx.Client(base_url=gateway.url, headers=bearer(token)) as http:
+    with http_calls.Client(base_url=gateway.url, headers=bearer(token)) as http:
         reply = http.get(path, params={"user_id": "user_someone_else"})
     assert reply.status_code == 200
     assert reply.json()["user_id"] == user_id
@@ -106,7 +106,7 @@ def test_an_admin_sets_a_users_fair_share(
     admin_id, admin_token = make_user()
     _make_admin(db_sessions, admin_id)
     user_id, _token = make_user()
-    with httpx.Client(base_url=gateway.url, headers=bearer(admin_token)) as http:
+    with http_calls.Client(base_url=gateway.url, headers=bearer(admin_token)) as http:
         before = http.get(f"/api/admin/users/{user_id}/share")
         assert before.status_code == 200, before.text
         assert before.json()["max_running_turns"] is None

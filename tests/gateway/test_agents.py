@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -15,6 +14,7 @@ from signalbox.shared.agents import AgentConfig
 from signalbox.shared.db import AgentVersion, Conversation, Turn
 from signalbox.shared.db.agents import create_agent
 from signalbox.shared.ids import new_id
+from tests import http_calls
 from tests.gateway.conftest import LiveGateway, bearer, connect, events_until, request
 
 Users = Callable[[], tuple[str, str]]
@@ -35,25 +35,25 @@ def test_a_user_defines_edits_lists_and_archives_their_own_agent(
     _user_id, token = make_user()
     api, auth, name = f"{gateway.url}/api/agents", bearer(token), _name()
 
-    created = httpx.post(api, json={"name": name, "mode": "chat"}, headers=auth)
+    created = http_calls.post(api, json={"name": name, "mode": "chat"}, headers=auth)
     assert created.status_code == 201, created.text
     assert created.json()["version"] == 1 and created.json()["scope"] == "user"
     assert created.json()["config"] == {"mode": "chat"}
-    again = httpx.post(api, json={"name": name}, headers=auth)
+    again = http_calls.post(api, json={"name": name}, headers=auth)
     assert again.status_code == 409 and again.json()["code"] == "conflict"
 
-    edited = httpx.put(f"{api}/{name}", json={"system_prompt": "Be brief."}, headers=auth)
+    edited = http_calls.put(f"{api}/{name}", json={"system_prompt": "Be brief."}, headers=auth)
     assert edited.status_code == 200
     assert edited.json()["version"] == 2
     assert edited.json()["config"] == {"system_prompt": "Be brief."}
-    shown = httpx.get(f"{api}/{name}", headers=auth).json()
+    shown = http_calls.get(f"{api}/{name}", headers=auth).json()
     assert shown["version"] == 2
-    assert name in [a["name"] for a in httpx.get(api, headers=auth).json()]
+    assert name in [a["name"] for a in http_calls.get(api, headers=auth).json()]
 
-    assert httpx.delete(f"{api}/{name}", headers=auth).status_code == 200
-    assert name not in [a["name"] for a in httpx.get(api, headers=auth).json()]
-    assert httpx.get(f"{api}/{name}", headers=auth).status_code == 404
-    revived = httpx.post(api, json={"name": name, "planner": True}, headers=auth)
+    assert http_calls.delete(f"{api}/{name}", headers=auth).status_code == 200
+    assert name not in [a["name"] for a in http_calls.get(api, headers=auth).json()]
+    assert http_calls.get(f"{api}/{name}", headers=auth).status_code == 404
+    revived = http_calls.post(api, json={"name": name, "planner": True}, headers=auth)
     assert revived.status_code == 201 and revived.json()["version"] == 3
 
 
@@ -63,16 +63,16 @@ def test_another_users_agent_cannot_be_seen_edited_deleted_or_used(
     _owner, owner_token = make_user()
     _attacker, attacker_token = make_user()
     api, name = f"{gateway.url}/api/agents", _name("secret")
-    assert httpx.post(api, json={"name": name}, headers=bearer(owner_token)).status_code == 201
+    assert http_calls.post(api, json={"name": name}, headers=bearer(owner_token)).status_code == 201
 
     stolen = bearer(attacker_token)
-    assert name not in [a["name"] for a in httpx.get(api, headers=stolen).json()]
-    assert httpx.get(f"{api}/{name}", headers=stolen).status_code == 404
-    assert httpx.put(f"{api}/{name}", json={"mode": "chat"}, headers=stolen).status_code == 404
-    assert httpx.delete(f"{api}/{name}", headers=stolen).status_code == 404
-    used = httpx.post(f"{gateway.url}/api/conversations", json={"agent": name}, headers=stolen)
+    assert name not in [a["name"] for a in http_calls.get(api, headers=stolen).json()]
+    assert http_calls.get(f"{api}/{name}", headers=stolen).status_code == 404
+    assert http_calls.put(f"{api}/{name}", json={"mode": "chat"}, headers=stolen).status_code == 404
+    assert http_calls.delete(f"{api}/{name}", headers=stolen).status_code == 404
+    used = http_calls.post(f"{gateway.url}/api/conversations", json={"agent": name}, headers=stolen)
     assert used.status_code == 404 and used.json()["code"] == "not_found"
-    assert httpx.get(f"{api}/{name}", headers=bearer(owner_token)).json()["version"] == 1
+    assert http_calls.get(f"{api}/{name}", headers=bearer(owner_token)).json()["version"] == 1
 
 
 def test_deployment_agents_are_visible_read_only_and_shadowed_by_a_users_own(
@@ -82,15 +82,15 @@ def test_deployment_agents_are_visible_read_only_and_shadowed_by_a_users_own(
     api, auth, name = f"{gateway.url}/api/agents", bearer(token), _name("shared")
     _deployment_agent(db_sessions, name, mode="chat")
 
-    listed = {a["name"]: a for a in httpx.get(api, headers=auth).json()}
+    listed = {a["name"]: a for a in http_calls.get(api, headers=auth).json()}
     assert listed[name]["scope"] == "deployment"
-    refused = httpx.put(f"{api}/{name}", json={"mode": "agent"}, headers=auth)
+    refused = http_calls.put(f"{api}/{name}", json={"mode": "agent"}, headers=auth)
     assert refused.status_code == 409 and "read-only" in refused.json()["detail"]
-    assert httpx.delete(f"{api}/{name}", headers=auth).status_code == 409
+    assert http_calls.delete(f"{api}/{name}", headers=auth).status_code == 409
 
-    mine = httpx.post(api, json={"name": name, "planner": True}, headers=auth)
+    mine = http_calls.post(api, json={"name": name, "planner": True}, headers=auth)
     assert mine.status_code == 201 and mine.json()["scope"] == "user"
-    listed = {a["name"]: a for a in httpx.get(api, headers=auth).json()}
+    listed = {a["name"]: a for a in http_calls.get(api, headers=auth).json()}
     assert listed[name]["scope"] == "user" and listed[name]["config"] == {"planner": True}
 
 
@@ -112,15 +112,15 @@ def test_a_bad_agent_definition_is_a_422_and_nothing_is_stored(
     gateway: LiveGateway, make_user: Users, body: dict[str, Any]
 ) -> None:
     _user_id, token = make_user()
-    answer = httpx.post(f"{gateway.url}/api/agents", json=body, headers=bearer(token))
+    answer = http_calls.post(f"{gateway.url}/api/agents", json=body, headers=bearer(token))
     assert answer.status_code == 422
-    listed = httpx.get(f"{gateway.url}/api/agents", headers=bearer(token)).json()
+    listed = http_calls.get(f"{gateway.url}/api/agents", headers=bearer(token)).json()
     assert [a for a in listed if a["scope"] == "user"] == []
 
 
 def test_a_bad_agent_name_in_the_path_is_a_422(gateway: LiveGateway, make_user: Users) -> None:
     _user_id, token = make_user()
-    answer = httpx.get(f"{gateway.url}/api/agents/a..b", headers=bearer(token))
+    answer = http_calls.get(f"{gateway.url}/api/agents/a..b", headers=bearer(token))
     assert answer.status_code == 422
 
 
@@ -130,7 +130,7 @@ async def test_user_turn_binds_a_new_conversation_to_the_agents_newest_version(
 ) -> None:
     _user_id, token = make_user()
     api, auth, name = f"{gateway.url}/api/agents", bearer(token), _name()
-    http = httpx.AsyncClient(headers=auth)
+    http = http_calls.AsyncClient(headers=auth)
     assert (await http.post(api, json={"name": name})).status_code == 201
     assert (await http.put(f"{api}/{name}", json={"mode": "chat"})).status_code == 200
 
@@ -174,20 +174,22 @@ async def test_user_turn_binds_a_new_conversation_to_the_agents_newest_version(
 def test_the_http_routes_bind_a_conversation_once(gateway: LiveGateway, make_user: Users) -> None:
     _user_id, token = make_user()
     auth, name = bearer(token), _name()
-    assert httpx.post(f"{gateway.url}/api/agents", json={"name": name}, headers=auth).is_success
+    assert http_calls.post(
+        f"{gateway.url}/api/agents", json={"name": name}, headers=auth
+    ).is_success
     convs = f"{gateway.url}/api/conversations"
 
-    bound = httpx.post(convs, json={"agent": name}, headers=auth)
+    bound = http_calls.post(convs, json={"agent": name}, headers=auth)
     assert bound.status_code == 201 and bound.json()["agent"] == name
-    plain = httpx.post(convs, json={}, headers=auth).json()
+    plain = http_calls.post(convs, json={}, headers=auth).json()
     assert plain["agent"] is None
-    turn = httpx.post(f"{convs}/{plain['conversation_id']}/turns",
+    turn = http_calls.post(f"{convs}/{plain['conversation_id']}/turns",
                       json={"text": "hi", "agent": name}, headers=auth)  # fmt: skip
     assert turn.status_code == 202, "its first turn binds an unstarted conversation"
-    detail = httpx.get(f"{convs}/{plain['conversation_id']}", headers=auth).json()
+    detail = http_calls.get(f"{convs}/{plain['conversation_id']}", headers=auth).json()
     assert detail["agent"] == name
-    later = httpx.post(f"{convs}/{bound.json()['conversation_id']}/turns",
+    later = http_calls.post(f"{convs}/{bound.json()['conversation_id']}/turns",
                        json={"text": "hi", "agent": "default"}, headers=auth)  # fmt: skip
     assert later.status_code == 409
-    unknown = httpx.post(convs, json={"agent": "no-such-agent"}, headers=auth)
+    unknown = http_calls.post(convs, json={"agent": "no-such-agent"}, headers=auth)
     assert unknown.status_code == 404

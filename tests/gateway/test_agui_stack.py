@@ -10,10 +10,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import pytest
 
 from signalbox.stack import Stack
+from tests import http_calls
 
 TURN_TIMEOUT_S = 60.0
 TEXT = "look around and create hello.txt with Hello"
@@ -43,7 +43,7 @@ def run_input(conversation_id: str, run_id: str, text: str = TEXT, **extra: Any)
 
 
 def new_conversation(url: str, token: str) -> str:
-    created = httpx.post(f"{url}/api/conversations", json={}, headers=_headers(token))
+    created = http_calls.post(f"{url}/api/conversations", json={}, headers=_headers(token))
     assert created.status_code == 201, created.text
     conversation_id: str = created.json()["conversation_id"]
     return conversation_id
@@ -53,7 +53,7 @@ def run_agui(url: str, token: str, body: dict[str, Any]) -> list[dict[str, Any]]
     """POST the input and read the AG-UI stream to its RUN_FINISHED or RUN_ERROR."""
     events: list[dict[str, Any]] = []
     deadline = time.monotonic() + TURN_TIMEOUT_S
-    with httpx.stream(
+    with http_calls.stream(
         "POST", f"{url}/api/agui", json=body, headers=_headers(token), timeout=TURN_TIMEOUT_S
     ) as response:
         assert response.status_code == 200, response.read()
@@ -92,7 +92,7 @@ def test_a_turn_streams_in_as_agui_events_and_its_proposal_is_approved_over_http
     assert [f["path"] for f in customs["signalbox.proposal_created"]["files"]] == ["hello.txt"]
 
     # The approval is answered through the proposals route the docs name.
-    approved = httpx.post(
+    approved = http_calls.post(
         f"{url}/api/proposals/{proposal_id}/approve", json={}, headers=_headers(token)
     )
     assert approved.status_code == 200, approved.text
@@ -101,7 +101,7 @@ def test_a_turn_streams_in_as_agui_events_and_its_proposal_is_approved_over_http
     # The same input again (a client retrying) starts no second turn: it replays this one.
     again = run_agui(url, token, run_input(conversation_id, run_id))
     assert [e["type"] for e in again] == types
-    detail = httpx.get(f"{url}/api/conversations/{conversation_id}", headers=_headers(token))
+    detail = http_calls.get(f"{url}/api/conversations/{conversation_id}", headers=_headers(token))
     assert len(detail.json()["turns"]) == 1
 
 
@@ -111,7 +111,7 @@ def test_without_a_token_or_with_a_wrong_one_the_route_answers_401(
     conversation_id = new_conversation(stack.gateway_url, token)
     body = run_input(conversation_id, "r1")
     for headers in ({}, {"Authorization": "Bearer sbt_wrong"}, {"Authorization": f"Basic {token}"}):
-        answer = httpx.post(f"{stack.gateway_url}/api/agui", json=body, headers=headers)
+        answer = http_calls.post(f"{stack.gateway_url}/api/agui", json=body, headers=headers)
         assert answer.status_code == 401, answer.text
 
 
@@ -122,14 +122,14 @@ def test_another_users_conversation_is_404_and_gets_no_turn(
     victims = new_conversation(url, token)
     _, attacker = make_stack_user()
     for thread_id in (victims, "conv_doesnotexist"):
-        answer = httpx.post(
+        answer = http_calls.post(
             f"{url}/api/agui", json=run_input(thread_id, "r1"), headers=_headers(attacker)
         )
         assert answer.status_code == 404, answer.text
         assert answer.json()["code"] == "not_found"
-    detail = httpx.get(f"{url}/api/conversations/{victims}", headers=_headers(token))
+    detail = http_calls.get(f"{url}/api/conversations/{victims}", headers=_headers(token))
     assert detail.json()["turns"] == []
-    events = httpx.get(f"{url}/api/conversations/{victims}/events", headers=_headers(token))
+    events = http_calls.get(f"{url}/api/conversations/{victims}/events", headers=_headers(token))
     assert [e["kind"] for e in events.json()] == ["conversation_created"]
 
 
@@ -145,7 +145,7 @@ def test_another_users_conversation_is_404_and_gets_no_turn(
 def test_a_body_that_is_not_a_run_agent_input_is_422(
     stack: Stack, token: str, body: object
 ) -> None:
-    answer = httpx.post(f"{stack.gateway_url}/api/agui", json=body, headers=_headers(token))
+    answer = http_calls.post(f"{stack.gateway_url}/api/agui", json=body, headers=_headers(token))
     assert answer.status_code == 422, answer.text
 
 
@@ -163,8 +163,8 @@ def test_an_input_it_cannot_run_is_422_naming_the_field_and_stores_nothing(
     url = stack.gateway_url
     conversation_id = new_conversation(url, token)
     body = run_input(conversation_id, "r1") | extra
-    answer = httpx.post(f"{url}/api/agui", json=body, headers=_headers(token))
+    answer = http_calls.post(f"{url}/api/agui", json=body, headers=_headers(token))
     assert answer.status_code == 422, answer.text
     assert named in answer.json()["detail"]
-    detail = httpx.get(f"{url}/api/conversations/{conversation_id}", headers=_headers(token))
+    detail = http_calls.get(f"{url}/api/conversations/{conversation_id}", headers=_headers(token))
     assert detail.json()["turns"] == []

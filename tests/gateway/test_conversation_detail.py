@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
+from tests import http_calls
 from tests.gateway.conftest import LiveGateway, add_call, add_turn, bearer
 
 Users = Callable[[], tuple[str, str]]
@@ -55,7 +55,7 @@ def test_detail_lists_pending_decisions_questions_and_client_tools(
     call(tool="read_file", executor="server", status="running", input={"path": "x"})
     call(tool="editor_state", executor="client", status="timeout", input={})
 
-    with httpx.Client(base_url=gateway.url, headers=bearer(token)) as http:
+    with http_calls.Client(base_url=gateway.url, headers=bearer(token)) as http:
         detail = http.get(f"/api/conversations/{cid}").json()
     assert [d["call_id"] for d in detail["pending_decisions"]] == [decision]
     assert detail["pending_decisions"][0]["tool"] == "run_python"
@@ -78,7 +78,7 @@ def test_detail_lists_pending_decisions_questions_and_client_tools(
     assert detail["pending_client_tools"][0]["input"] == {"pane": 1}
     assert detail["pending_client_tools"][0]["timeout_s"] == 7.0
     assert "token" not in str(detail["pending_client_tools"])  # the token went to sockets only
-    foreign = httpx.get(f"{gateway.url}/api/conversations/{cid}", headers=bearer(other_token))
+    foreign = http_calls.get(f"{gateway.url}/api/conversations/{cid}", headers=bearer(other_token))
     assert foreign.status_code == 404
 
 
@@ -105,7 +105,7 @@ def test_sub_agent_turns_are_nested_under_their_parent(
     add_call(db_sessions, child, cid, seq=2, tool="list_dir", status="ok", input={})
     orphan = add_turn(db_sessions, user_id, cid, "failed", parent_call_id="call_gone")
 
-    with httpx.Client(base_url=gateway.url, headers=bearer(token)) as http:
+    with http_calls.Client(base_url=gateway.url, headers=bearer(token)) as http:
         detail = http.get(f"/api/conversations/{cid}").json()
     top = {t["turn_id"]: t for t in detail["turns"]}
     assert set(top) == {parent, orphan}  # the child is not a turn of the conversation's own

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.shared.db import ToolCall, Turn
 from signalbox.shared.event_stream import EventStream
+from tests import http_calls
 from tests.gateway.conftest import (
     LiveGateway,
     ServerThread,
@@ -53,14 +53,14 @@ def owned_by_a(
     service_env: dict[str, str],
 ) -> Objects:
     user_id, token = make_user()
-    with httpx.Client(base_url=gw.url, headers=bearer(token), timeout=10.0) as http:
+    with http_calls.Client(base_url=gw.url, headers=bearer(token), timeout=10.0) as http:
         conversation_id = http.post("/api/conversations", json={}).json()["conversation_id"]
         created_turn = http.post(
             f"/api/conversations/{conversation_id}/turns", json={"text": "A's secret turn"}
         )
         turn_id = created_turn.json()["turn_id"]
     call_id = add_call(db_sessions, turn_id, conversation_id)
-    created = httpx.post(
+    created = http_calls.post(
         f"{proposals.url}/internal/proposals",
         headers={"X-Signalbox-Internal-Token": internal_token},
         json={
@@ -102,7 +102,7 @@ def test_every_http_route_with_an_id_is_404_for_another_user(
         ("POST", "/api/proposals/{}/reject", a.proposal_id, {"reason": "no"}),
         ("POST", "/api/proposals/{}/revert", a.proposal_id, {"scope": "turn"}),
     ]
-    with httpx.Client(base_url=gw.url, headers=bearer(token_b), timeout=10.0) as b:
+    with http_calls.Client(base_url=gw.url, headers=bearer(token_b), timeout=10.0) as b:
         for method, path, object_id, body in routes:
             response = b.request(method, path.format(object_id), json=body)
             assert response.status_code == 404, (method, path, response.text)
@@ -121,7 +121,7 @@ def test_every_http_route_with_an_id_is_404_for_another_user(
         assert turn is not None and call is not None
         assert not turn.cancel_requested
         assert call.decision is None
-    with httpx.Client(base_url=gw.url, headers=bearer(a.token), timeout=10.0) as owner:
+    with http_calls.Client(base_url=gw.url, headers=bearer(a.token), timeout=10.0) as owner:
         assert owner.get(f"/api/proposals/{a.proposal_id}").json()["status"] == "pending"
         assert owner.get(f"/api/conversations/{a.conversation_id}").status_code == 200
     assert not (a.workspace / "a.txt").exists()

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import httpx
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.shared.db.webhooks import Webhook
 from signalbox.shared.ids import new_id
+from tests import http_calls
 from tests.gateway.conftest import LiveGateway, ServerThread, add_call, bearer
 from tests.openapi_fuzz import fuzz_every_operation
 
@@ -29,12 +29,12 @@ def test_no_input_makes_the_gateway_fail(
 ) -> None:
     user_id, token = make_user()
     _, other = make_user()
-    with httpx.Client(base_url=gw.url, headers=bearer(token), timeout=10.0) as http:
+    with http_calls.Client(base_url=gw.url, headers=bearer(token), timeout=10.0) as http:
         conversation_id = http.post("/api/conversations", json={}).json()["conversation_id"]
         turn = http.post(f"/api/conversations/{conversation_id}/turns", json={"text": "hi"})
         turn_id = turn.json()["turn_id"]
     call_id = add_call(db_sessions, turn_id, conversation_id)
-    created = httpx.post(
+    created = http_calls.post(
         f"{proposals.url}/internal/proposals",
         headers={"X-Signalbox-Internal-Token": internal_token},
         json={

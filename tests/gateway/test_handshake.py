@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-import httpx
 import pytest
 import websockets
 from websockets.exceptions import InvalidStatus
 
+from tests import http_calls
 from tests.gateway.conftest import LiveGateway, bearer, recv
 
 pytestmark = pytest.mark.anyio
@@ -38,7 +38,7 @@ async def test_a_ticket_works_once(
     gateway: LiveGateway, make_user: Callable[[], tuple[str, str]]
 ) -> None:
     _, token = make_user()
-    async with httpx.AsyncClient(base_url=gateway.url) as http:
+    async with http_calls.AsyncClient(base_url=gateway.url) as http:
         assert (await http.post("/api/ws-tickets")).status_code == 401
         response = await http.post("/api/ws-tickets", headers=bearer(token))
     assert response.status_code == 200

@@ -6,7 +6,6 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -14,36 +13,37 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from signalbox.redis_server import free_port
+from tests import http_calls
 from tests.gateway.conftest import LiveGateway, ServerThread, bearer, connect, request
 
 Users = Callable[[], tuple[str, str]]
 
 
 def test_healthz_and_readyz(gateway: LiveGateway) -> None:
-    assert httpx.get(f"{gateway.url}/healthz").json() == {"status": "ok"}
-    ready = httpx.get(f"{gateway.url}/readyz")
+    assert http_calls.get(f"{gateway.url}/healthz").json() == {"status": "ok"}
+    ready = http_calls.get(f"{gateway.url}/readyz")
     assert ready.status_code == 200
     assert ready.json() == {"status": "ok", "redis": "ok", "sql": "ok"}
 
 
 def test_readyz_is_503_without_redis(start_gateway: Callable[..., LiveGateway]) -> None:
     gateway = start_gateway(redis_url=f"redis://127.0.0.1:{free_port()}/0")
-    ready = httpx.get(f"{gateway.url}/readyz", timeout=10)
+    ready = http_calls.get(f"{gateway.url}/readyz", timeout=10)
     assert ready.status_code == 503
     assert ready.json()["redis"] == "unavailable"
     assert ready.json()["sql"] == "ok"
 
 
 def test_api_needs_a_valid_bearer_token(gateway: LiveGateway) -> None:
-    assert httpx.get(f"{gateway.url}/api/conversations").status_code == 401
-    wrong = httpx.get(f"{gateway.url}/api/conversations", headers=bearer("sbt_nope"))
+    assert http_calls.get(f"{gateway.url}/api/conversations").status_code == 401
+    wrong = http_calls.get(f"{gateway.url}/api/conversations", headers=bearer("sbt_nope"))
     assert wrong.status_code == 401
 
 
 def test_conversations_create_list_detail_events(gateway: LiveGateway, make_user: Users) -> None:
     _, token = make_user()
     _, other = make_user()
-    with httpx.Client(base_url=gateway.url, headers=bearer(token)) as http:
+    with http_calls.Client(base_url=gateway.url, headers=bearer(token)) as http:
         created = http.post("/api/conversations", json={"title": "notes"})
         assert created.status_code == 201
         conversation_id = created.json()["conversation_id"]
@@ -67,8 +67,8 @@ def test_conversations_create_list_detail_events(gateway: LiveGateway, make_user
         assert bad.status_code == 422
         cancel = http.post(f"/api/turns/{turn.json()['turn_id']}/cancel")
         assert cancel.json()["status"] == "queued"
-    assert httpx.get(f"{gateway.url}/api/conversations", headers=bearer(other)).json() == []
-    foreign = httpx.post(
+    assert http_calls.get(f"{gateway.url}/api/conversations", headers=bearer(other)).json() == []
+    foreign = http_calls.post(
         f"{gateway.url}/api/turns/{turn.json()['turn_id']}/cancel", headers=bearer(other)
     )
     assert foreign.status_code == 404
@@ -77,7 +77,7 @@ def test_conversations_create_list_detail_events(gateway: LiveGateway, make_user
 def test_workspaces_create_select_current(gateway: LiveGateway, make_user: Users) -> None:
     """Without the proposals service the workspaces still list, their git unknown."""
     user_id, token = make_user()
-    with httpx.Client(base_url=gateway.url, headers=bearer(token)) as http:
+    with http_calls.Client(base_url=gateway.url, headers=bearer(token)) as http:
         assert http.get("/api/workspace/current").json() == {
             "name": "default",
             "selected": True,
@@ -103,10 +103,10 @@ def test_workspaces_create_select_current(gateway: LiveGateway, make_user: Users
 
 
 def test_web_ui_is_served(gateway: LiveGateway) -> None:
-    page = httpx.get(f"{gateway.url}/")
+    page = http_calls.get(f"{gateway.url}/")
     assert page.status_code == 200
     assert "Signalbox" in page.text
-    assert httpx.get(f"{gateway.url}/static/app.js").status_code == 200
+    assert http_calls.get(f"{gateway.url}/static/app.js").status_code == 200
 
 
 # -- the proposals service, stood in for by a small app that records what it is sent --------
@@ -183,7 +183,7 @@ def test_proposals_routes_call_the_service_acting_for_the_user(
     stub, seen = proposals_stub
     gateway = start_gateway(proposals_url=stub.url)
     user_id, token = make_user()
-    with httpx.Client(base_url=gateway.url, headers=bearer(token)) as http:
+    with http_calls.Client(base_url=gateway.url, headers=bearer(token)) as http:
         pending = http.get("/api/proposals/pending", params={"limit": "5"})
         rejected = http.post("/api/proposals/p1/reject", json={"reason": "no"})
         partial = http.post("/api/proposals/p2/approve", json={"files": ["a.txt"]})

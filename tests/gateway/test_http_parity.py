@@ -8,9 +8,8 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
-
 from signalbox.shared.protocol import CLIENT_FRAME_TYPES
+from tests import http_calls
 from tests.gateway.conftest import LiveGateway, bearer
 from tests.shared.test_timestamps import FORMAT
 from tests.test_protocol_doc import section, table_rows
@@ -33,7 +32,7 @@ def test_every_acting_frame_has_a_documented_route() -> None:
 
 def test_every_documented_route_is_served(gateway: LiveGateway) -> None:
     # Building the whole app's schema takes seconds of CPU on a loaded machine (first request).
-    spec = httpx.get(f"{gateway.url}/openapi.json", timeout=60).json()
+    spec = http_calls.get(f"{gateway.url}/openapi.json", timeout=60).json()
     served = {
         (method.upper(), re.sub(r"\{[^}]+\}", "{id}", path))
         for path, operations in spec["paths"].items()
@@ -48,7 +47,7 @@ def test_times_in_http_bodies_are_written_like_the_events(
     gateway: LiveGateway, make_user: Callable[[], tuple[str, str]]
 ) -> None:
     _, token = make_user()
-    with httpx.Client(base_url=gateway.url, headers=bearer(token)) as http:
+    with http_calls.Client(base_url=gateway.url, headers=bearer(token)) as http:
         created = http.post("/api/conversations", json={"title": "t"})
         assert created.status_code == 201, created.text
         conversation_id = created.json()["conversation_id"]

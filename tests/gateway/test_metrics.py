@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-import httpx
 import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
@@ -14,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from signalbox.shared.db import Conversation, Turn
 from signalbox.shared.event_stream import EventStream
 from signalbox.shared.ids import new_id
+from tests import http_calls
 from tests.gateway.conftest import LiveGateway, connect, events_until, request
 
 Users = Callable[[], tuple[str, str]]
@@ -22,7 +22,7 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 def scrape(gateway: LiveGateway) -> Samples:
     """Every sample of ``/metrics`` by (name, sorted labels)."""
-    response = httpx.get(f"{gateway.url}/metrics", timeout=5.0)
+    response = http_calls.get(f"{gateway.url}/metrics", timeout=5.0)
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     samples: Samples = {}
@@ -119,7 +119,7 @@ async def test_metrics_after_a_turn_like_sequence(
 def test_http_errors_are_counted_by_code(gateway: LiveGateway, make_user: Users) -> None:
     _, token = make_user()
     before = scrape(gateway)
-    response = httpx.get(
+    response = http_calls.get(
         f"{gateway.url}/api/conversations/conv-nope",
         headers={"Authorization": f"Bearer {token}"},
         timeout=5.0,

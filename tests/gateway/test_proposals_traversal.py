@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -23,7 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from signalbox.services.proposals.app import create_app as create_proposals_app
 from signalbox.shared.db import Proposal
-from tests import rawhttp
+from tests import http_calls, rawhttp
 from tests.gateway.conftest import LiveGateway, ServerThread, bearer, connect, request
 
 Users = Callable[[], tuple[str, str]]
@@ -89,7 +88,7 @@ def scene(
     )
     a_user, a_token = make_user()
     _, b_token = make_user()
-    created = httpx.post(f"{gateway.url}/api/conversations", json={}, headers=bearer(a_token))
+    created = http_calls.post(f"{gateway.url}/api/conversations", json={}, headers=bearer(a_token))
     assert created.status_code == 201, created.text
     yield Scene(gateway, upstream, a_user, a_token, created.json()["conversation_id"], b_token)
     server.stop()
@@ -114,7 +113,7 @@ def _assert_a_untouched(scene: Scene, db: sessionmaker[Session]) -> None:
             select(Proposal.id).where(Proposal.conversation_id == scene.a_conversation)
         ).all()
     assert planted == []
-    with httpx.Client(base_url=scene.gateway.url, headers=bearer(scene.a_token)) as a:
+    with http_calls.Client(base_url=scene.gateway.url, headers=bearer(scene.a_token)) as a:
         assert a.get("/api/proposals/pending").json() == {"proposals": []}
         # The service relays its outbox before it answers: a planted proposal's event is
         # already on A's stream by now.
@@ -146,7 +145,7 @@ def test_encoded_traversal_never_reaches_the_internal_routes(
 
 
 def _a_proposal(scene: Scene, internal_token: str, proposals_url: str) -> str:
-    created = httpx.post(
+    created = http_calls.post(
         f"{proposals_url}/internal/proposals",
         headers={"X-Signalbox-Internal-Token": internal_token, "Content-Type": "application/json"},
         content=_forged(scene).replace(b"forged by bob", b"A's own change"),
@@ -168,14 +167,14 @@ def test_b_cannot_read_or_decide_a_proposal_of_a_through_any_route(
         ("POST", f"/api/proposals/{proposal_id}/reject", {"reason": "mine now"}),
         ("POST", f"/api/proposals/{proposal_id}/reject", None),
     ]
-    with httpx.Client(base_url=scene.gateway.url, headers=bearer(scene.b_token)) as b:
+    with http_calls.Client(base_url=scene.gateway.url, headers=bearer(scene.b_token)) as b:
         for method, path, body in attempts:
             response = b.request(method, path, json=body)
             assert response.status_code == 404, (method, path, response.text)
         everything = b.request("DELETE", "/api/proposals/all", json={"reason": "all mine"})
         assert everything.json() == {"rejected": [], "status": "rejected"}
         assert b.get("/api/proposals/pending").json() == {"proposals": []}
-    with httpx.Client(base_url=scene.gateway.url, headers=bearer(scene.a_token)) as a:
+    with http_calls.Client(base_url=scene.gateway.url, headers=bearer(scene.a_token)) as a:
         mine = a.get(f"/api/proposals/{proposal_id}").json()
     assert (mine["status"], mine["version"], mine["decided_by"]) == ("pending", 1, None)
 

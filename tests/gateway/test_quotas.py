@@ -12,6 +12,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.shared.db import Conversation, Turn, Upload
+from tests import http_calls
 from tests.gateway.conftest import LiveGateway, bearer, connect, request
 
 pytestmark = pytest.mark.anyio
@@ -35,7 +36,7 @@ async def test_conversations_past_the_quota_are_refused_over_http_and_websocket(
 ) -> None:
     gw = start_gateway(quota_conversations=2)
     user_id, token = make_user()
-    async with httpx.AsyncClient(base_url=gw.url, headers=bearer(token)) as http:
+    async with http_calls.AsyncClient(base_url=gw.url, headers=bearer(token)) as http:
         first = (await http.post("/api/conversations", json={})).json()
         assert (await http.post("/api/conversations", json={})).status_code == 201
         over = await http.post("/api/conversations", json={})
@@ -63,7 +64,7 @@ async def test_creations_racing_for_the_last_slots_never_pass_the_quota(
 ) -> None:
     gw = start_gateway(quota_conversations=3)
     user_id, token = make_user()
-    async with httpx.AsyncClient(base_url=gw.url, headers=bearer(token)) as http:
+    async with http_calls.AsyncClient(base_url=gw.url, headers=bearer(token)) as http:
         replies = await asyncio.gather(
             *(http.post("/api/conversations", json={}) for _ in range(8))
         )
@@ -76,7 +77,7 @@ async def test_workspaces_past_the_quota_are_refused_and_an_existing_one_is_not_
 ) -> None:
     gw = start_gateway(quota_workspaces=2)
     _user_id, token = make_user()
-    async with httpx.AsyncClient(base_url=gw.url, headers=bearer(token)) as http:
+    async with http_calls.AsyncClient(base_url=gw.url, headers=bearer(token)) as http:
         for name in ("alpha", "beta", "alpha"):
             reply = await http.post("/api/workspaces", json={"name": name})
             assert reply.status_code == 201, reply.text
@@ -94,7 +95,7 @@ async def test_uploads_past_their_count_or_bytes_are_refused_and_not_stored(
 ) -> None:
     gw = start_gateway(quota_uploads=3, quota_upload_bytes=11)
     user_id, token = make_user()
-    async with httpx.AsyncClient(base_url=gw.url, headers=bearer(token)) as http:
+    async with http_calls.AsyncClient(base_url=gw.url, headers=bearer(token)) as http:
         assert (await http.post("/api/uploads", content=b"12345678")).status_code == 201
         over_bytes = await http.post("/api/uploads", content=b"12345678")
         _refused(over_bytes)

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from signalbox.processes import Child, ServiceCommands, child_env, http_ok, stop_together
 from signalbox.redis_server import free_port
 from signalbox.shared.db import Turn
+from tests import http_calls
 from tests.gateway.conftest import bearer, request
 
 pytestmark = pytest.mark.anyio
@@ -106,7 +107,9 @@ async def test_turns_over_http_and_websocket_share_one_limit_across_both_gateway
     user_id, token = make_user()
     conversation_id = conversation_of(user_id)
     turns_url = f"/api/conversations/{conversation_id}/turns"
-    first, second = (httpx.AsyncClient(base_url=u, headers=bearer(token)) for u in gateways.urls)
+    first, second = (
+        http_calls.AsyncClient(base_url=u, headers=bearer(token)) for u in gateways.urls
+    )
     async with (
         first,
         second,
@@ -133,7 +136,7 @@ async def test_turns_over_http_and_websocket_share_one_limit_across_both_gateway
 
     other_id, other_token = make_user()
     other_conversation = conversation_of(other_id)
-    async with httpx.AsyncClient(base_url=gateways.urls[0], headers=bearer(other_token)) as c:
+    async with http_calls.AsyncClient(base_url=gateways.urls[0], headers=bearer(other_token)) as c:
         response = await c.post(
             f"/api/conversations/{other_conversation}/turns", json={"text": "mine"}
         )
@@ -144,7 +147,7 @@ async def test_each_class_of_mutating_route_is_limited_across_both_gateways(
     gateways: TwoGateways, make_user: Callable[[], tuple[str, str]]
 ) -> None:
     _user_id, token = make_user()
-    clients = [httpx.AsyncClient(base_url=u, headers=bearer(token)) for u in gateways.urls]
+    clients = [http_calls.AsyncClient(base_url=u, headers=bearer(token)) for u in gateways.urls]
     async with clients[0], clients[1]:
 
         async def alternately(

@@ -8,7 +8,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import pytest
 import redis
 
@@ -16,6 +15,7 @@ from signalbox.services.gateway.relay import Subscription, frame_prefix, relay_f
 from signalbox.services.gateway.state import Gateway
 from signalbox.shared.event_stream import EventStream, decode, encode
 from signalbox.shared.events import Event, EventKind, utc_now
+from tests import http_calls
 from tests.gateway.conftest import (
     LiveGateway,
     bearer,
@@ -131,7 +131,7 @@ async def test_another_users_conversation_is_not_found(
         frame = {"type": "user_turn", "conversation_id": conversation_id, "text": "hi"}
         reply = await request(ws, frame)
         assert (reply["type"], reply["code"]) == ("error", "not_found")
-    async with httpx.AsyncClient(base_url=gateway.url, headers=bearer(token)) as http:
+    async with http_calls.AsyncClient(base_url=gateway.url, headers=bearer(token)) as http:
         for path in ("", "/events", "/stream"):
             response = await http.get(f"/api/conversations/{conversation_id}{path}")
             assert response.status_code == 404, path
@@ -161,7 +161,7 @@ async def test_subscribe_after_a_trimmed_id_is_replay_gap(
         frame["after"] = ids[7]
         assert (await request(ws, frame))["type"] == "ack"
         assert [e["id"] for e in await events_until(ws, lambda es: len(es) >= 2)] == ids[8:]
-    async with httpx.AsyncClient(base_url=gateway.url, headers=bearer(token)) as http:
+    async with http_calls.AsyncClient(base_url=gateway.url, headers=bearer(token)) as http:
         url = f"/api/conversations/{conversation_id}/events"
         assert (await http.get(url, params={"after": ids[1]})).status_code == 410
         later = await http.get(url, params={"after": ids[7]})
@@ -182,7 +182,10 @@ async def test_sse_resumes_from_last_event_id_and_follows_live(
     headers = {**bearer(token), "Last-Event-ID": ids[0]}
     url = f"{gateway.url}/api/conversations/{conversation_id}/stream"
     seen: list[str] = []
-    async with httpx.AsyncClient(timeout=30) as http, http.stream("GET", url, headers=headers) as r:
+    async with (
+        http_calls.AsyncClient(timeout=30) as http,
+        http.stream("GET", url, headers=headers) as r,
+    ):
         assert r.status_code == 200
         lines = r.aiter_lines()
 

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from signalbox.shared.celery_app import SCHEDULER_QUEUE
 from signalbox.shared.db import Alarm, ScheduleRun
 from signalbox.shared.ids import new_id
+from tests import http_calls
 
 from .conftest import LiveGateway, bearer, queued_messages
 
@@ -26,7 +27,7 @@ SCHEDULE_FIELDS = {
 
 
 def _create(gw: LiveGateway, token: str, **body: Any) -> httpx.Response:
-    return httpx.post(f"{gw.url}/api/schedules", json=body, headers=bearer(token))
+    return http_calls.post(f"{gw.url}/api/schedules", json=body, headers=bearer(token))
 
 
 def test_the_scheduler_is_told_with_no_celery_result_kept(
@@ -58,13 +59,13 @@ def test_an_owner_creates_lists_pauses_resumes_and_deletes_a_schedule(
     assert schedule["paused"] is False and schedule["last_tick_at"] is None
     assert schedule["workspace"] == "default" and schedule["conversation_id"] is None
 
-    listed = httpx.get(f"{gateway.url}/api/schedules", headers=bearer(token)).json()
+    listed = http_calls.get(f"{gateway.url}/api/schedules", headers=bearer(token)).json()
     assert [s["id"] for s in listed] == [schedule["id"]]
 
     path = f"{gateway.url}/api/schedules/{schedule['id']}"
-    paused = httpx.patch(path, json={"paused": True}, headers=bearer(token))
+    paused = http_calls.patch(path, json={"paused": True}, headers=bearer(token))
     assert paused.status_code == 200 and paused.json()["paused"] is True
-    resumed = httpx.patch(path, json={"paused": False}, headers=bearer(token))
+    resumed = http_calls.patch(path, json={"paused": False}, headers=bearer(token))
     assert resumed.json()["paused"] is False
 
     tick_at = datetime(2030, 1, 1, 9, 0, tzinfo=UTC)
@@ -75,7 +76,7 @@ def test_an_owner_creates_lists_pauses_resumes_and_deletes_a_schedule(
             )
         )
         session.commit()
-    runs = httpx.get(f"{path}/runs", headers=bearer(token)).json()
+    runs = http_calls.get(f"{path}/runs", headers=bearer(token)).json()
     assert runs == [
         {
             "tick_at": "2030-01-01T09:00:00Z",
@@ -87,9 +88,9 @@ def test_an_owner_creates_lists_pauses_resumes_and_deletes_a_schedule(
         }
     ]
 
-    assert httpx.delete(path, headers=bearer(token)).status_code == 204
-    assert httpx.get(f"{gateway.url}/api/schedules", headers=bearer(token)).json() == []
-    assert httpx.get(f"{path}/runs", headers=bearer(token)).status_code == 404
+    assert http_calls.delete(path, headers=bearer(token)).status_code == 204
+    assert http_calls.get(f"{gateway.url}/api/schedules", headers=bearer(token)).json() == []
+    assert http_calls.get(f"{path}/runs", headers=bearer(token)).status_code == 404
 
 
 @pytest.mark.parametrize(
@@ -113,7 +114,7 @@ def test_a_bad_schedule_is_refused_with_422_naming_what_is_wrong(
     answer = _create(gateway, token, **body)
     assert answer.status_code in (404, 422), answer.text  # an unknown agent: not found
     assert says in answer.text
-    assert httpx.get(f"{gateway.url}/api/schedules", headers=bearer(token)).json() == []
+    assert http_calls.get(f"{gateway.url}/api/schedules", headers=bearer(token)).json() == []
 
 
 def test_another_users_schedule_and_alarm_are_not_found(
@@ -140,12 +141,15 @@ def test_another_users_schedule_and_alarm_are_not_found(
     path = f"{gateway.url}/api/schedules/{schedule['id']}"
     intruder = bearer(intruder_token)
 
-    assert httpx.patch(path, json={"paused": True}, headers=intruder).status_code == 404
-    assert httpx.delete(path, headers=intruder).status_code == 404
-    assert httpx.get(f"{path}/runs", headers=intruder).status_code == 404
-    assert httpx.get(f"{gateway.url}/api/schedules", headers=intruder).json() == []
-    assert httpx.delete(f"{gateway.url}/api/alarms/{alarm_id}", headers=intruder).status_code == 404
-    assert httpx.get(f"{gateway.url}/api/alarms", headers=intruder).json() == []
+    assert http_calls.patch(path, json={"paused": True}, headers=intruder).status_code == 404
+    assert http_calls.delete(path, headers=intruder).status_code == 404
+    assert http_calls.get(f"{path}/runs", headers=intruder).status_code == 404
+    assert http_calls.get(f"{gateway.url}/api/schedules", headers=intruder).json() == []
+    assert (
+        http_calls.delete(f"{gateway.url}/api/alarms/{alarm_id}", headers=intruder).status_code
+        == 404
+    )
+    assert http_calls.get(f"{gateway.url}/api/alarms", headers=intruder).json() == []
     # A conversation that is not mine cannot be a schedule's target either.
     foreign = _create(
         gateway, intruder_token, kind="interval", interval_s=60, prompt="x",
@@ -154,12 +158,12 @@ def test_another_users_schedule_and_alarm_are_not_found(
     assert foreign.status_code == 404
 
     owner = bearer(owner_token)
-    assert httpx.get(path + "/runs", headers=owner).json() == []
-    [alarm] = httpx.get(f"{gateway.url}/api/alarms", headers=owner).json()
+    assert http_calls.get(path + "/runs", headers=owner).json() == []
+    [alarm] = http_calls.get(f"{gateway.url}/api/alarms", headers=owner).json()
     assert alarm["id"] == alarm_id and alarm["status"] == "pending"
     assert set(alarm) == {
         "id", "conversation_id", "wake_at", "note", "status", "turn_id", "created_at", "fired_at",
     }  # fmt: skip
-    cancelled = httpx.delete(f"{gateway.url}/api/alarms/{alarm_id}", headers=owner)
+    cancelled = http_calls.delete(f"{gateway.url}/api/alarms/{alarm_id}", headers=owner)
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
-    assert httpx.patch(path, json={"paused": True}, headers=owner).json()["paused"] is True
+    assert http_calls.patch(path, json={"paused": True}, headers=owner).json()["paused"] is True

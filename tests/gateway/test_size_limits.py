@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import sqlalchemy as sa
 import websockets
@@ -32,6 +31,7 @@ from signalbox.shared.protocol import (
     MAX_TOOL_OUTPUT_CHARS,
     MAX_TURN_TEXT_CHARS,
 )
+from tests import http_calls
 from tests.gateway.conftest import LiveGateway, bearer, connect, request
 from tests.rawhttp import upload
 
@@ -144,7 +144,7 @@ async def test_oversized_frames_close_1009_and_are_never_buffered(
     assert codes == [MESSAGE_TOO_BIG] * ATTACK_SOCKETS
     assert peak - before < MAX_GROWTH_BYTES
     assert after - before < MAX_GROWTH_BYTES
-    async with httpx.AsyncClient(base_url=gateway_process.url) as http:
+    async with http_calls.AsyncClient(base_url=gateway_process.url) as http:
         assert (await http.get("/healthz")).status_code == 200  # and it serves on
 
 
@@ -197,7 +197,7 @@ def test_the_longest_turn_text_is_taken_over_http_and_one_more_character_is_not(
 ) -> None:
     user_id, token = make_user()
     url = f"{gateway.url}/api/conversations/{conversation_of(user_id)}/turns"
-    with httpx.Client(headers=bearer(token), timeout=CLOSE_TIMEOUT_S) as http:
+    with http_calls.Client(headers=bearer(token), timeout=CLOSE_TIMEOUT_S) as http:
         longest = http.post(url, json={"text": "é" * MAX_TURN_TEXT_CHARS})
         over = http.post(url, json={"text": "x" * (MAX_TURN_TEXT_CHARS + 1)})
     assert longest.status_code == 202, longest.text

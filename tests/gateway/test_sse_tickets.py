@@ -11,6 +11,7 @@ import httpx
 import redis
 
 from signalbox.shared.event_stream import EventStream
+from tests import http_calls
 from tests.gateway.conftest import LiveGateway, bearer
 
 Users = Callable[[], tuple[str, str]]
@@ -18,7 +19,7 @@ TIMEOUT_S = 30.0  # generous: a hang fails at it, a busy machine only waits
 
 
 def _ticket(gateway: LiveGateway, token: str) -> str:
-    reply = httpx.post(f"{gateway.url}/api/ws-tickets", headers=bearer(token))
+    reply = http_calls.post(f"{gateway.url}/api/ws-tickets", headers=bearer(token))
     assert reply.status_code == 200, reply.text
     ticket: str = reply.json()["ticket"]
     return ticket
@@ -29,7 +30,7 @@ def _stream(
     gateway: LiveGateway, conversation_id: str, headers: dict[str, str], **params: str
 ) -> Iterator[httpx.Response]:
     url = f"{gateway.url}/api/conversations/{conversation_id}/stream"
-    with httpx.stream("GET", url, headers=headers, params=params, timeout=TIMEOUT_S) as r:
+    with http_calls.stream("GET", url, headers=headers, params=params, timeout=TIMEOUT_S) as r:
         yield r
 
 

@@ -6,13 +6,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
-import httpx
 import pytest
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.shared.db import ToolCall, Turn
 from signalbox.shared.event_stream import EventStream
+from tests import http_calls
 from tests.gateway.conftest import (
     LiveGateway,
     add_call,
@@ -57,7 +57,7 @@ async def test_cancel_of_a_parked_turn_enqueues_it_over_ws_and_http(
     assert (reply["type"], reply["status"]) == ("ack", "parked")
     assert queued_turn_tasks(redis_client, gateway.keys) == [("orchestrator.run_turn", [by_ws])]
 
-    async with httpx.AsyncClient(base_url=gateway.url, headers=bearer(token)) as http:
+    async with http_calls.AsyncClient(base_url=gateway.url, headers=bearer(token)) as http:
         for turn_id in (by_http, queued, finished):
             response = await http.post(f"/api/turns/{turn_id}/cancel")
             assert response.status_code == 200, response.text
@@ -102,7 +102,7 @@ async def test_a_decision_after_expires_at_is_refused_over_ws_and_http(
                                        "decision": "allow"})  # fmt: skip
             assert (reply["type"], reply["code"]) == ("error", "conflict"), reply
             assert "expired" in reply["message"] and call_id in reply["message"]
-    async with httpx.AsyncClient(base_url=gateway.url, headers=bearer(token)) as http:
+    async with http_calls.AsyncClient(base_url=gateway.url, headers=bearer(token)) as http:
         late = await http.post(f"/api/tool-calls/{late_http}/decision", json={"decision": "allow"})
         ok = await http.post(f"/api/tool-calls/{in_time}/decision", json={"decision": "allow"})
     assert late.status_code == 409

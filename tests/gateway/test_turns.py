@@ -7,7 +7,6 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-import httpx
 import pytest
 import redis
 from celery.backends.base import DisabledBackend
@@ -19,6 +18,7 @@ from signalbox.services.gateway.turns import RESEND_AFTER_S
 from signalbox.shared.celery_app import ORCHESTRATOR_QUEUE
 from signalbox.shared.db import Conversation, ToolCall, Turn
 from signalbox.shared.workspace_paths import workspace_dir
+from tests import http_calls
 from tests.gateway.conftest import (
     LiveGateway,
     add_call,
@@ -197,7 +197,7 @@ async def test_http_turn_is_queued_and_enqueued(
     gateway: LiveGateway, make_user: Users, redis_client: redis.Redis
 ) -> None:
     _, token = make_user()
-    async with httpx.AsyncClient(base_url=gateway.url, headers=bearer(token)) as http:
+    async with http_calls.AsyncClient(base_url=gateway.url, headers=bearer(token)) as http:
         conversation = (await http.post("/api/conversations", json={"title": "t"})).json()
         url = f"/api/conversations/{conversation['conversation_id']}/turns"
         response = await http.post(url, json={"text": "hello", "client_turn_id": "k"})

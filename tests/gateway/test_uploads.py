@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from signalbox.client import Client
 from signalbox.services.gateway.uploads import IMAGE_MAX_BYTES, TEXT_MAX_BYTES
 from signalbox.shared.db import Turn, Upload
+from tests import http_calls
 from tests.gateway.conftest import LiveGateway, bearer, connect, events_until, request
 from tests.rawhttp import upload as stream_upload
 
@@ -55,7 +56,7 @@ EXE = b"MZ\x90\x00\x03\x00\x00\x00\x04\x00" + bytes(range(256)) * 4
 
 def _post(gw: LiveGateway, token: str, data: bytes, name: str | None = None) -> httpx.Response:
     params = {"name": name} if name is not None else {}
-    return httpx.post(
+    return http_calls.post(
         f"{gw.url}/api/uploads",
         content=data,
         params=params,
@@ -85,9 +86,9 @@ def test_each_kind_is_stored_and_read_back_as_a_download(
     info = created.json()
     assert info["name"] == name and info["kind"] == kind and info["media_type"] == media_type
     assert info["size"] == len(data)
-    meta = httpx.get(f"{gateway.url}/api/uploads/{info['upload_id']}", headers=bearer(token))
+    meta = http_calls.get(f"{gateway.url}/api/uploads/{info['upload_id']}", headers=bearer(token))
     assert meta.json() == info
-    content = httpx.get(
+    content = http_calls.get(
         f"{gateway.url}/api/uploads/{info['upload_id']}/content", headers=bearer(token)
     )
     assert content.status_code == 200 and content.content == data
@@ -142,7 +143,7 @@ def test_user_html_and_svg_are_served_as_plain_text_downloads(
     svg = b'<svg xmlns="http://www.w3.org/2000/svg"><script>alert(1)</script></svg>'
     info = _post(gateway, token, svg, "evil.svg").json()
 
-    served = httpx.get(
+    served = http_calls.get(
         f"{gateway.url}/api/uploads/{info['upload_id']}/content", headers=bearer(token)
     )
 
@@ -170,8 +171,8 @@ def test_another_users_upload_is_not_found_like_an_unknown_one(
     upload_id = _post(gateway, token_a, b"secret plans", "plans.txt").json()["upload_id"]
 
     for path in (f"/api/uploads/{upload_id}", f"/api/uploads/{upload_id}/content"):
-        theirs = httpx.get(gateway.url + path, headers=bearer(token_b))
-        unknown = httpx.get(
+        theirs = http_calls.get(gateway.url + path, headers=bearer(token_b))
+        unknown = http_calls.get(
             gateway.url + path.replace(upload_id, "upl_000000000000000000000000"),
             headers=bearer(token_b),
         )
@@ -181,7 +182,7 @@ def test_another_users_upload_is_not_found_like_an_unknown_one(
 
 
 def test_an_upload_without_a_token_is_refused(gateway: LiveGateway) -> None:
-    assert httpx.post(f"{gateway.url}/api/uploads", content=b"hi").status_code == 401
+    assert http_calls.post(f"{gateway.url}/api/uploads", content=b"hi").status_code == 401
 
 
 # -- oversized: refused while it arrives ------------------------------------------------
@@ -267,7 +268,7 @@ def test_the_other_routes_keep_the_small_body_limit(gateway: LiveGateway, make_u
     _, token = make_user()
     body = b'{"title": "' + b"x" * (2 * MiB) + b'"}'
 
-    refused = httpx.post(
+    refused = http_calls.post(
         f"{gateway.url}/api/conversations",
         content=body,
         headers={**bearer(token), "Content-Type": "application/json"},
@@ -280,7 +281,7 @@ def test_the_other_routes_keep_the_small_body_limit(gateway: LiveGateway, make_u
 
 
 def _conversation(gw: LiveGateway, token: str) -> str:
-    created = httpx.post(f"{gw.url}/api/conversations", json={}, headers=bearer(token))
+    created = http_calls.post(f"{gw.url}/api/conversations", json={}, headers=bearer(token))
     conversation_id: str = created.json()["conversation_id"]
     return conversation_id
 
@@ -352,20 +353,20 @@ def test_the_http_turn_route_checks_attachments_too(
     conversation_id = _conversation(gateway, token_b)
     route = f"{gateway.url}/api/conversations/{conversation_id}/turns"
 
-    refused = httpx.post(
+    refused = http_calls.post(
         route, json={"text": "steal", "attachments": [theirs]}, headers=bearer(token_b)
     )
-    twice = httpx.post(
+    twice = http_calls.post(
         route, json={"text": "twice", "attachments": [mine, mine]}, headers=bearer(token_b)
     )
-    too_many = httpx.post(
+    too_many = http_calls.post(
         route, json={"text": "many", "attachments": [mine] * 21}, headers=bearer(token_b)
     )
     assert (refused.status_code, refused.json()["code"]) == (404, "not_found")
     assert twice.status_code == 422 and too_many.status_code == 422
     assert _turns_of(db_sessions, user_b) == 0
 
-    accepted = httpx.post(
+    accepted = http_calls.post(
         route, json={"text": "mine", "attachments": [mine]}, headers=bearer(token_b)
     )
     assert accepted.status_code == 202, accepted.text

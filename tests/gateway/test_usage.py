@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.shared.db import ModelRequest
+from tests import http_calls
 from tests.gateway.conftest import LiveGateway, bearer
 
 Users = Callable[[], tuple[str, str]]
@@ -60,7 +60,7 @@ def test_usage_sums_my_requests_by_conversation_turn_and_purpose(
             ]
         )
 
-    mine = httpx.get(f"{gateway.url}/api/usage", headers=bearer(token)).json()
+    mine = http_calls.get(f"{gateway.url}/api/usage", headers=bearer(token)).json()
     assert mine["total"] == {
         "key": None,
         "requests": 3,
@@ -72,7 +72,7 @@ def test_usage_sums_my_requests_by_conversation_turn_and_purpose(
         "unpriced_requests": 1,
     }
     assert mine["groups"] == []
-    by_conversation = httpx.get(
+    by_conversation = http_calls.get(
         f"{gateway.url}/api/usage", params={"group_by": "conversation"}, headers=bearer(token)
     ).json()
     assert [(g["key"], g["requests"], g["cost_usd"]) for g in by_conversation["groups"]] == [
@@ -81,17 +81,17 @@ def test_usage_sums_my_requests_by_conversation_turn_and_purpose(
     ]
 
     url = f"{gateway.url}/api/conversations/{first}/usage"
-    by_purpose = httpx.get(url, params={"group_by": "purpose"}, headers=bearer(token)).json()
+    by_purpose = http_calls.get(url, params={"group_by": "purpose"}, headers=bearer(token)).json()
     assert by_purpose["conversation_id"] == first and by_purpose["total"]["requests"] == 2
     assert sorted(g["key"] for g in by_purpose["groups"]) == ["step", "sub_agent"]
-    by_turn = httpx.get(url, params={"group_by": "turn"}, headers=bearer(token)).json()
+    by_turn = http_calls.get(url, params={"group_by": "turn"}, headers=bearer(token)).json()
     assert [(g["key"], g["requests"]) for g in by_turn["groups"]] == [("turn_a", 2)]
 
-    assert httpx.get(url, headers=bearer(other_token)).status_code == 404
-    theirs = httpx.get(f"{gateway.url}/api/usage", headers=bearer(other_token)).json()
+    assert http_calls.get(url, headers=bearer(other_token)).status_code == 404
+    theirs = http_calls.get(f"{gateway.url}/api/usage", headers=bearer(other_token)).json()
     assert theirs["total"]["requests"] == 1
-    bad_group = httpx.get(url, params={"group_by": "user"}, headers=bearer(token))
+    bad_group = http_calls.get(url, params={"group_by": "user"}, headers=bearer(token))
     assert bad_group.status_code == 422
-    bad_id = httpx.get(f"{gateway.url}/api/conversations/a..b/usage", headers=bearer(token))
+    bad_id = http_calls.get(f"{gateway.url}/api/conversations/a..b/usage", headers=bearer(token))
     assert bad_id.status_code == 422
-    assert httpx.get(f"{gateway.url}/api/usage").status_code == 401
+    assert http_calls.get(f"{gateway.url}/api/usage").status_code == 401

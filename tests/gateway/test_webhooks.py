@@ -11,12 +11,10 @@ import json
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import redis
 from sqlalchemy.orm import Session, sessionmaker
@@ -31,6 +29,7 @@ from signalbox.shared.db.webhooks import enqueue
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import OrchestratorSettings, ToolsSettings
 from signalbox.shared.tool_contract import ToolCallRequest, ToolResult, ToolSpec, publish_catalogue
+from tests import http_calls
 from tests.orchestrator.support import (
     Behaviour,
     ScriptedModel,
@@ -90,14 +89,6 @@ def receiver() -> Iterator[Receiver]:
     r.stop()
 
 
-# A first request to a gateway just started on a loaded 2-core machine took more than
-# httpx's default 5 s once in CI: a deadline, generous, rather than a guess at a fast one.
-HTTP_TIMEOUT_S = 30.0
-_get = partial(httpx.get, timeout=HTTP_TIMEOUT_S)
-_post = partial(httpx.post, timeout=HTTP_TIMEOUT_S)
-_delete = partial(httpx.delete, timeout=HTTP_TIMEOUT_S)
-
-
 def _auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
@@ -145,7 +136,7 @@ def test_a_receiver_that_fails_twice_gets_one_signed_delivery_on_the_third_attem
 ) -> None:
     gateway = start_gateway(webhook_allow_private=True, webhook_backoff_s=0.2, webhook_poll_s=0.05)
     user_id, token = make_user()
-    created = _post(
+    created = http_calls.post(
         f"{gateway.url}/api/webhooks",
         json={"url": receiver.url, "kinds": ["turn_finished"]},
         headers=_auth(token),
@@ -158,7 +149,7 @@ def test_a_receiver_that_fails_twice_gets_one_signed_delivery_on_the_third_attem
     turn_id = _run_a_turn(db_sessions, redis_client, redis_url, database_url, user_id)
 
     def shown() -> dict[str, Any]:
-        answer = _get(
+        answer = http_calls.get(
             f"{gateway.url}/api/webhooks/{webhook['id']}",
             headers=_auth(token),
         )
@@ -214,14 +205,14 @@ def test_a_webhook_url_inside_the_deployment_is_refused(
     gateway = start_gateway()
     _user_id, token = make_user()
 
-    answer = _post(
+    answer = http_calls.post(
         f"{gateway.url}/api/webhooks",
         json={"url": url, "kinds": ["turn_finished"]},
         headers=_auth(token),
     )
 
     assert answer.status_code == 422, answer.text
-    assert _get(f"{gateway.url}/api/webhooks", headers=_auth(token)).json() == []
+    assert http_calls.get(f"{gateway.url}/api/webhooks", headers=_auth(token)).json() == []
 
 
 def test_a_delivery_whose_host_now_resolves_inside_is_refused_at_send_time(
@@ -234,7 +225,7 @@ def test_a_delivery_whose_host_now_resolves_inside_is_refused_at_send_time(
     allowing = start_gateway(webhook_allow_private=True, webhook_poll_s=3600)
     strict = allowing.settings.model_copy(update={"webhook_allow_private": False})
     user_id, token = make_user()
-    created = _post(
+    created = http_calls.post(
         f"{allowing.url}/api/webhooks",
         json={"url": receiver.url, "kinds": ["proposal_created"]},
         headers=_auth(token),
@@ -245,7 +236,9 @@ def test_a_delivery_whose_host_now_resolves_inside_is_refused_at_send_time(
 
     assert deliver_due(sessions, strict) == 1
 
-    detail = _get(f"{allowing.url}/api/webhooks/{created['id']}", headers=_auth(token)).json()
+    detail = http_calls.get(
+        f"{allowing.url}/api/webhooks/{created['id']}", headers=_auth(token)
+    ).json()
     [delivery] = detail["deliveries"]
     assert delivery["status"] == "pending" and delivery["attempts"] == 1
     assert "loopback" in delivery["last_error"]
@@ -259,20 +252,22 @@ def test_another_users_webhook_is_not_found(
     gateway = start_gateway(webhook_allow_private=True)
     _owner, owner_token = make_user()
     _intruder, intruder_token = make_user()
-    created = _post(
+    created = http_calls.post(
         f"{gateway.url}/api/webhooks",
         json={"url": "http://127.0.0.1:9/hook", "kinds": ["turn_finished"]},
         headers=_auth(owner_token),
     ).json()
     path = f"{gateway.url}/api/webhooks/{created['id']}"
 
-    assert _get(path, headers=_auth(intruder_token)).status_code == 404
-    assert _delete(path, headers=_auth(intruder_token)).status_code == 404
-    assert _get(f"{gateway.url}/api/webhooks", headers=_auth(intruder_token)).json() == []
-    assert _get(path, headers=_auth(owner_token)).status_code == 200
-    assert _delete(path, headers=_auth(owner_token)).status_code == 200
-    assert _get(path, headers=_auth(owner_token)).status_code == 404
-    assert _get(f"{gateway.url}/api/webhooks/..%2f..", headers=_auth(owner_token)).status_code in (
+    assert http_calls.get(path, headers=_auth(intruder_token)).status_code == 404
+    assert http_calls.delete(path, headers=_auth(intruder_token)).status_code == 404
+    assert http_calls.get(f"{gateway.url}/api/webhooks", headers=_auth(intruder_token)).json() == []
+    assert http_calls.get(path, headers=_auth(owner_token)).status_code == 200
+    assert http_calls.delete(path, headers=_auth(owner_token)).status_code == 200
+    assert http_calls.get(path, headers=_auth(owner_token)).status_code == 404
+    assert http_calls.get(
+        f"{gateway.url}/api/webhooks/..%2f..", headers=_auth(owner_token)
+    ).status_code in (
         404,
         422,
     )
@@ -313,7 +308,7 @@ def test_a_proposal_of_a_real_turn_is_delivered_to_its_proposal_created_webhook(
         )
         user_id, token = make_user()
         (workspaces / user_id / "default").mkdir(parents=True)
-        created = _post(
+        created = http_calls.post(
             f"{gateway.url}/api/webhooks",
             json={"url": receiver.url, "kinds": ["proposal_created", "proposal_resolved"]},
             headers=_auth(token),
@@ -356,7 +351,7 @@ def test_a_proposal_of_a_real_turn_is_delivered_to_its_proposal_created_webhook(
 
         # Resolving it is the relay's other event: delivered too, once.
         proposal_id = event["data"]["proposal_id"]
-        approved = _post(
+        approved = http_calls.post(
             f"{gateway.url}/api/proposals/{proposal_id}/approve",
             headers=_auth(token),
         )
@@ -365,7 +360,7 @@ def test_a_proposal_of_a_real_turn_is_delivered_to_its_proposal_created_webhook(
         resolved = json.loads(receiver.requests[1][1])
         assert resolved["kind"] == "proposal_resolved"
         assert resolved["data"] == {"proposal_id": proposal_id, "status": "applied"}
-        detail = _get(
+        detail = http_calls.get(
             f"{gateway.url}/api/webhooks/{webhook['id']}",
             headers=_auth(token),
         )

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from signalbox.shared.workspace_paths import workspace_dir
+from tests import http_calls
 from tests.gateway.conftest import LiveGateway, bearer
 
 Users = Callable[[], tuple[str, str]]
@@ -34,7 +35,7 @@ def tree(gateway: LiveGateway, make_user: Users, tmp_path: Path) -> tuple[str, s
 
 
 def _get(gateway: LiveGateway, token: str, route: str, path: str) -> httpx.Response:
-    return httpx.get(
+    return http_calls.get(
         f"{gateway.url}/api/workspaces/default/{route}",
         params={"path": path},
         headers=bearer(token),
@@ -99,8 +100,8 @@ def test_another_users_workspace_is_not_reachable(
     # The other user has no such workspace; the owner's files are not found under any name.
     assert _get(gateway, other_token, "file", "README.md").status_code == 404
     assert _get(gateway, other_token, "file", f"../{owner_id}/default/README.md").status_code == 422
-    bad_name = httpx.get(
+    bad_name = http_calls.get(
         f"{gateway.url}/api/workspaces/..%2F{owner_id}/files", headers=bearer(other_token)
     )
     assert bad_name.status_code in (404, 422)
-    assert httpx.get(f"{gateway.url}/api/workspaces/default/files").status_code == 401
+    assert http_calls.get(f"{gateway.url}/api/workspaces/default/files").status_code == 401

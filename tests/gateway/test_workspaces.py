@@ -6,11 +6,11 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.shared.db import User, Workspace
+from tests import http_calls
 from tests.gateway.conftest import LiveGateway, bearer
 
 Users = Callable[[], tuple[str, str]]
@@ -29,7 +29,7 @@ def test_listing_has_real_workspaces_with_git_info(
     user_id, token = make_user()
     _, other_token = make_user()
     home = gw.settings.workspaces_root.resolve() / user_id
-    with httpx.Client(base_url=gw.url, headers=bearer(token), timeout=10.0) as http:
+    with http_calls.Client(base_url=gw.url, headers=bearer(token), timeout=10.0) as http:
         created = http.post("/api/workspaces", json={"name": "site"})
         assert created.status_code == 201, created.text
         assert created.json() == {
@@ -78,7 +78,7 @@ def test_listing_has_real_workspaces_with_git_info(
         }
         assert http.post("/api/conversations", json={}).json()["workspace"] == "site"
 
-    with httpx.Client(base_url=gw.url, headers=bearer(other_token), timeout=10.0) as http:
+    with http_calls.Client(base_url=gw.url, headers=bearer(other_token), timeout=10.0) as http:
         # Another user's workspace is not theirs to select or see.
         assert http.post("/api/workspace/select", json={"name": "site"}).status_code == 404
         names = [w["name"] for w in http.get("/api/workspaces").json()["workspaces"]]

@@ -10,13 +10,13 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import httpx
 import pytest
 from sqlalchemy import func, select
 from websockets.sync.client import connect
 
 from signalbox.shared.db import Conversation, Turn, UserLimits
 from signalbox.shared.settings import GatewaySettings
+from tests import http_calls
 from tests.fake_anthropic import transcript_problems
 from tests.gateway.conftest import LiveGateway
 
@@ -83,7 +83,7 @@ def test_a_budget_crossed_mid_turn_refuses_the_next_turn_until_the_period_resets
     ]
     headers = {"Authorization": f"Bearer {h.token}"}
     turns_url = f"/api/conversations/{h.conversation_id}/turns"
-    with httpx.Client(base_url=gateway.url, headers=headers, timeout=10) as http:
+    with http_calls.Client(base_url=gateway.url, headers=headers, timeout=10) as http:
         accepted = http.post(turns_url, json={"text": "read three files"})
         assert accepted.status_code == 202, accepted.text
         assert h.run(accepted.json()["turn_id"]) == "budget_exceeded"

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from signalbox.shared.settings import GatewaySettings
+from tests import http_calls
 from tests.gateway.conftest import LiveGateway
 
 from .support import Harness, say, use
@@ -37,7 +38,7 @@ def http(harness: Harness, internal_token: str, tmp_path: Path) -> Iterator[http
     gateway.start()
     try:
         headers = {"Authorization": f"Bearer {harness.token}"}
-        with httpx.Client(base_url=gateway.url, headers=headers, timeout=10) as client:
+        with http_calls.Client(base_url=gateway.url, headers=headers, timeout=10) as client:
             yield client
     finally:
         gateway.stop()
@@ -77,7 +78,7 @@ def test_bad_answers_are_4xx_before_anything_is_recorded(
     assert http.post(url, json={}).status_code == 422
     assert http.post("/api/questions/call_nope/answer", json={"text": "a"}).status_code == 404
     assert h.data("question_answered") == []
-    anonymous = httpx.post(f"{http.base_url}{url}", json={"text": "a"})
+    anonymous = http_calls.post(f"{http.base_url}{url}", json={"text": "a"})
     assert anonymous.status_code == 401
 
 

@@ -15,6 +15,7 @@ from signalbox.services.proposals.journal import JOURNAL_DIR, TEMP_PREFIX
 from signalbox.shared.db import Proposal, make_engine, make_session_factory
 from signalbox.shared.event_stream import EventStream
 from signalbox.shared.redis_keys import RedisKeys
+from tests import http_calls
 from tests.databases import database_for
 from tests.proposals.conftest import Approvals, Owner, ServiceProcess, StartService, resolved_rows
 
@@ -42,7 +43,7 @@ def sha(text: str) -> str:
 
 
 def propose(service: ServiceProcess, owner: Owner, token: str, files: list[dict[str, str]]) -> str:
-    response = httpx.post(
+    response = http_calls.post(
         service.url("/internal/proposals"),
         headers={"X-Signalbox-Internal-Token": token},
         json={"user_id": owner.user_id, "conversation_id": owner.conversation_id, "files": files},
@@ -55,7 +56,9 @@ def propose(service: ServiceProcess, owner: Owner, token: str, files: list[dict[
 
 def approve_and_crash(service: ServiceProcess, owner: Owner, pid: str) -> None:
     with pytest.raises(httpx.HTTPError):  # the connection dies with the process
-        httpx.post(service.url(f"/api/proposals/{pid}/approve"), headers=owner.auth, timeout=10)
+        http_calls.post(
+            service.url(f"/api/proposals/{pid}/approve"), headers=owner.auth, timeout=10
+        )
     assert service.child.process is not None
     assert service.child.process.wait(timeout=10) == EXIT_CODE, service.child.log_tail()
 
@@ -107,7 +110,7 @@ def test_killed_between_commit_and_publish_publishes_once_after_restart(
     assert journals(owner) == []
     assert resolved(stream, owner) == [{"proposal_id": pid, "status": "applied"}]
     assert [m["status"] for m in approvals.published_for(pid)] == ["applied"]
-    again = httpx.post(restarted.url(f"/api/proposals/{pid}/approve"), headers=owner.auth)
+    again = http_calls.post(restarted.url(f"/api/proposals/{pid}/approve"), headers=owner.auth)
     assert again.status_code == 200 and again.json()["status"] == "applied"
     assert resolved(stream, owner) == [{"proposal_id": pid, "status": "applied"}]
     assert approvals.published_for(pid) == []
@@ -170,7 +173,7 @@ def test_killed_between_temp_write_and_rename_is_rolled_back_then_approve_applie
     assert not (owner.workspace / "sub").exists()
     assert status_of(db_sessions, pid) == "pending"
 
-    response = httpx.post(restarted.url(f"/api/proposals/{pid}/approve"), headers=owner.auth)
+    response = http_calls.post(restarted.url(f"/api/proposals/{pid}/approve"), headers=owner.auth)
     assert response.status_code == 200, response.text
     assert contents(owner) == NEW
     assert journals(owner) == []
@@ -188,7 +191,7 @@ def test_killed_between_temp_write_and_rename_then_rejected_leaves_every_file_ol
     pid = crash_mid_apply(start_service, owner, internal_token, db_sessions)
 
     restarted = start_service()
-    response = httpx.post(
+    response = http_calls.post(
         restarted.url(f"/api/proposals/{pid}/reject"), headers=owner.auth, json={"reason": "no"}
     )
     assert response.status_code == 200 and response.json()["status"] == "rejected"

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from signalbox.shared.db import Proposal
 from signalbox.shared.event_stream import EventStream
 from signalbox.shared.redis_keys import RedisKeys
+from tests import http_calls
 from tests.proposals.conftest import Owner, ServiceProcess, StartService
 
 
@@ -31,7 +32,7 @@ def _create(service: ServiceProcess, internal_token: str, **fields: Any) -> http
         "files": [{"path": "planted.txt", "operation": "create", "after": "x\n"}],
         **fields,
     }
-    return httpx.post(
+    return http_calls.post(
         service.url("/internal/proposals"),
         json=body,
         headers={"X-Signalbox-Internal-Token": internal_token},
@@ -102,13 +103,13 @@ def test_text_with_a_nul_byte_is_refused_not_stored(
         response = _create(service, internal_token, **ids, **fields)
         assert response.status_code == 422, (fields, response.text)
     created = _create(service, internal_token, **ids).json()["proposal_id"]
-    rejected = httpx.post(
+    rejected = http_calls.post(
         service.url(f"/api/proposals/{created}/reject"),
         json={"reason": "no\x00pe"},
         headers=owner.auth,
     )
     assert rejected.status_code == 422, rejected.text
-    partial = httpx.post(
+    partial = http_calls.post(
         service.url(f"/api/proposals/{created}/approve"),
         json={"files": ["planted\x00.txt"]},
         headers=owner.auth,
@@ -123,7 +124,7 @@ def test_workspace_status_refuses_bad_names_and_unknown_users(
 
     def status(user_id: str, name: str) -> int:
         url = service.url(f"/internal/workspaces/{user_id}/{name}")
-        return httpx.get(url, headers=headers, timeout=10.0).status_code
+        return http_calls.get(url, headers=headers, timeout=10.0).status_code
 
     assert status(owner.user_id, "default") == 200
     assert status("user_nobody", "default") == 404

@@ -5,12 +5,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-import httpx
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.shared.event_stream import EventStream
 from signalbox.shared.redis_keys import RedisKeys
+from tests import http_calls
 from tests.proposals.conftest import Approvals, Owner, StartService, resolved_rows
 
 DECIDERS = 50
@@ -18,9 +18,9 @@ DECIDERS = 50
 
 def test_uvicorn_entry_point_serves_health_and_readiness(start_service: StartService) -> None:
     service = start_service()
-    ready = httpx.get(service.url("/readyz"), timeout=5)
+    ready = http_calls.get(service.url("/readyz"), timeout=5)
     assert ready.status_code == 200, service.child.log_tail()
-    anonymous = httpx.get(service.url("/api/proposals/pending"), timeout=5)
+    anonymous = http_calls.get(service.url("/api/proposals/pending"), timeout=5)
     assert anonymous.status_code == 401
 
 
@@ -35,7 +35,7 @@ def test_fifty_concurrent_decisions_over_http_have_exactly_one_effect(
 ) -> None:
     owner = make_owner()
     service = start_service()
-    created = httpx.post(
+    created = http_calls.post(
         service.url("/internal/proposals"),
         headers={"X-Signalbox-Internal-Token": internal_token},
         json={
@@ -53,7 +53,7 @@ def test_fifty_concurrent_decisions_over_http_have_exactly_one_effect(
     lock = threading.Lock()
 
     def decide(action: str) -> None:
-        with httpx.Client(timeout=60) as http:
+        with http_calls.Client(timeout=60) as http:
             start.wait()
             response = http.post(service.url(f"/api/proposals/{pid}/{action}"), headers=owner.auth)
         with lock:

@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.services.proposals.journal import JOURNAL_DIR, TEMP_PREFIX
 from signalbox.shared.db import Proposal
+from tests import http_calls
 from tests.proposals.conftest import Owner, ServiceProcess, StartService
 
 RENAME_EXCHANGE = 2  # linux/fs.h: swap two names atomically
@@ -92,7 +93,7 @@ def create_proposal(service: ServiceProcess, owner: Owner, token: str, n: int) -
         {"path": f"top-{n}.txt", "operation": "create", "after": f"top {n}\n"},
         {"path": f"{SWAPPED_DIR}/f-{n}.txt", "operation": "create", "after": f"sub {n}\n"},
     ]
-    response = httpx.post(
+    response = http_calls.post(
         service.url("/internal/proposals"),
         headers={"X-Signalbox-Internal-Token": token},
         json={"user_id": owner.user_id, "conversation_id": owner.conversation_id, "files": files},
@@ -112,7 +113,7 @@ def approve_all(service: ServiceProcess, owner: Owner, pids: list[str]) -> dict[
     lock = threading.Lock()
 
     def approver() -> None:
-        with httpx.Client(timeout=30) as client:
+        with http_calls.Client(timeout=30) as client:
             while True:
                 try:
                     pid = todo.get_nowait()

@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import redis
 from sqlalchemy import func, select
@@ -20,6 +19,7 @@ from signalbox.shared.db import Alarm, Turn
 from signalbox.shared.event_stream import EventStream
 from signalbox.shared.redis_keys import RedisKeys
 from signalbox.stack import Stack, StackConfig
+from tests import http_calls
 from tests.scheduler.polling import wait_for
 
 # After the alarm's turn, how long nothing more may start: several beat periods.
@@ -54,10 +54,10 @@ def test_an_alarm_for_two_seconds_rings_once_after_every_service_is_killed_and_r
     stack = own_stack
     user_id, token = make_stack_user()
     auth = {"Authorization": f"Bearer {token}"}
-    conversation_id = httpx.post(
+    conversation_id = http_calls.post(
         f"{stack.gateway_url}/api/conversations", json={}, headers=auth
     ).json()["conversation_id"]
-    sent = httpx.post(
+    sent = http_calls.post(
         f"{stack.gateway_url}/api/conversations/{conversation_id}/turns",
         json={"text": "wake me in 2 seconds to check the build", "client_turn_id": "c1"},
         headers=auth,

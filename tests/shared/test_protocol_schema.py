@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import jsonschema  # no stubs: ignore_missing_imports in pyproject.toml
 import pytest
 from websockets.sync.client import connect
@@ -24,6 +23,7 @@ from signalbox.client import ws_url
 from signalbox.shared.protocol_schema import SCHEMA_PATH, protocol_schema, render
 from signalbox.shared.timestamps import RFC3339_PATTERN
 from signalbox.stack import Stack
+from tests import http_calls
 from tests.conftest import _user_factory
 
 TURN_TIMEOUT_S = 60.0
@@ -73,7 +73,7 @@ def wire(stack: Stack, stack_sessions: Any) -> Iterator[Wire]:
     events = [f for f in seen.received if f["type"] == "event"]
     conversation_id = events[0]["conversation_id"]
     [proposal_id] = [e["data"]["proposal_id"] for e in events if e["kind"] == "proposal_created"]
-    with httpx.Client(base_url=stack.gateway_url, headers=headers, timeout=30) as http:
+    with http_calls.Client(base_url=stack.gateway_url, headers=headers, timeout=30) as http:
         for name, method, path in (
             ("approve", "POST", f"/api/proposals/{proposal_id}/approve"),
             ("proposal", "GET", f"/api/proposals/{proposal_id}"),

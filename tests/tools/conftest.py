@@ -35,6 +35,7 @@ from signalbox.shared.redis_keys import RedisKeys
 from signalbox.shared.settings import ProposalsSettings, ToolsSettings, load
 from signalbox.shared.tool_contract import ToolCallRequest, ToolResult
 from signalbox.shared.workspace_paths import workspace_dir
+from tests import http_calls
 
 SERVER_START_TIMEOUT_S = 10.0
 SECRET = "TOPSECRET-d41d8cd9"  # written only outside the workspace
@@ -139,7 +140,7 @@ def tool_env(
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret.txt").write_text(SECRET + "\n")
-    unused = httpx.Client(base_url="http://127.0.0.1:9")  # read tests never reach proposals
+    unused = http_calls.Client(base_url="http://127.0.0.1:9")  # read tests never reach proposals
     yield ToolEnv(
         settings=settings,
         user_id=user_id,
