@@ -32,6 +32,7 @@ from signalbox.services.orchestrator.model import (
 )
 from signalbox.services.orchestrator.transcript import ProposalNotes, load_messages
 from signalbox.shared.db.models import Compaction, Message, Turn
+from signalbox.shared.db.session import reading
 from signalbox.shared.ids import new_id
 
 if TYPE_CHECKING:
@@ -131,8 +132,12 @@ def compact(
     harder: bool = False,
 ) -> list[dict[str, Any]] | None:
     """Fold the oldest turns so the request fits ``budget`` (``harder``: every earlier turn);
-    the messages to send then, or None when there is no earlier turn to fold."""
-    with runner.rt.sessions() as s:
+    the messages to send then, or None when there is no earlier turn to fold.
+
+    The reads run outside a transaction (``reading``): ``size`` may ask the API to count
+    tokens between them, and a PostgreSQL session idle in a transaction that long is ended
+    by the server (``shared.db.session.IDLE_IN_TRANSACTION_S``)."""
+    with reading(runner.rt.sessions) as s:
         before, previous = load(s, runner, notes)
         after, previous_summary = previous if previous is not None else (0, None)
         spans = _spans(s, runner, after)
@@ -145,7 +150,7 @@ def compact(
             s, runner.info.conversation_id, notes=notes, after_seq=after, through_seq=through
         )
     summary = _summarise(runner, previous_summary, old, budget)
-    with runner.rt.sessions() as s:
+    with reading(runner.rt.sessions) as s:
         kept = load_messages(s, runner.info.conversation_id, notes=notes, after_seq=through)
     messages = with_note(kept, summary)
     tokens_after = size(messages)

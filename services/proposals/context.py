@@ -36,7 +36,9 @@ class ServiceContext:
     def from_settings(cls, settings: ProposalsSettings) -> ServiceContext:
         """Connect to what ``settings`` names (lazily: nothing is contacted yet)."""
         engine = make_engine(settings.database_url)
-        # Bounded, because the outbox relay holds an outbox row's lock while it publishes.
+        # Bounded, because the outbox relay holds an outbox row's lock while it publishes: one
+        # try of a command (a client from a URL retries none), at most 2 + 5 s, well under
+        # the server's end of a session idle in a transaction (shared/db/session.py).
         client = sync_client(
             settings.redis_url,
             socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,

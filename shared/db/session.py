@@ -23,6 +23,13 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000  # several processes write one SQLite file in `s
 # or closed its socket since (``_hung_up``: what a restart or a terminated backend does);
 # else it goes out as it is (docs/operations.md).
 PING_AFTER_IDLE_S = 1.0
+# A PostgreSQL session idle inside a transaction this long is ended by the server, which
+# rolls the transaction back and frees its row locks. A client cut off by a partition
+# mid-transaction (an orchestrator host cut from SQL) sends nothing more, and its backend
+# would keep the locks until the partition heals or TCP gives up (hours): the turn's next
+# runner, on another host, waited on them. No transaction here waits anywhere near this
+# long between its statements (docs/operations.md, "A service cut off from PostgreSQL").
+IDLE_IN_TRANSACTION_S = 30.0
 _CHECKED_IN_AT = "signalbox_checked_in_at"
 _POLLRDHUP = getattr(select, "POLLRDHUP", 0)  # Linux: the peer closed its end
 _STANDALONE = "_signalbox_standalone"  # the attribute on an engine that keeps its twin
@@ -34,9 +41,14 @@ def _normalise(url: str) -> str:
     return url
 
 
-def make_engine(url: str, ping_after_idle_s: float = PING_AFTER_IDLE_S) -> Engine:
-    """An engine for ``url`` (sqlite:///… or postgresql://…); ``ping_after_idle_s``: see
-    ``PING_AFTER_IDLE_S`` (PostgreSQL)."""
+def make_engine(
+    url: str,
+    ping_after_idle_s: float = PING_AFTER_IDLE_S,
+    idle_in_transaction_s: float = IDLE_IN_TRANSACTION_S,
+) -> Engine:
+    """An engine for ``url`` (sqlite:///… or postgresql://…); ``ping_after_idle_s`` and
+    ``idle_in_transaction_s``: see ``PING_AFTER_IDLE_S`` and ``IDLE_IN_TRANSACTION_S``
+    (PostgreSQL; 0 keeps the server's own setting)."""
     url = _normalise(url)
     if url.startswith("sqlite"):
         engine = create_engine(
@@ -55,7 +67,22 @@ def make_engine(url: str, ping_after_idle_s: float = PING_AFTER_IDLE_S) -> Engin
         return engine
     engine = create_engine(url, pool_size=10, max_overflow=20)
     ping_after_idle(engine, ping_after_idle_s)
+    if idle_in_transaction_s > 0:
+        end_abandoned_transactions(engine, idle_in_transaction_s)
     return engine
+
+
+def end_abandoned_transactions(engine: Engine, idle_s: float) -> None:
+    """Have the server end each of ``engine``'s sessions that sits idle inside a transaction
+    for ``idle_s`` (``idle_in_transaction_session_timeout``, set as each connection opens:
+    a ``SET``, not a startup option, which PgBouncer refuses)."""
+    statement = f"SET idle_in_transaction_session_timeout = {max(1, round(idle_s * 1000))}"
+
+    @event.listens_for(engine, "connect")
+    def _set_timeout(dbapi_conn: Any, _record: ConnectionPoolEntry) -> None:
+        with dbapi_conn.cursor() as cur:
+            cur.execute(statement)
+        dbapi_conn.commit()  # the driver opened a transaction for the SET
 
 
 def ping_after_idle(engine: Engine, idle_s: float) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select
+from sqlalchemy import text as sql
 
 from signalbox.services.orchestrator.lease import holder_pid
 from signalbox.services.tools.test_tools import counter_key
@@ -198,6 +199,19 @@ def _lease_hosts(load: Load) -> dict[str, str]:
         if pid is not None:
             found[turn_id] = _pid_host(load.d, pid)
     return found
+
+
+def _busy_sessions(d: Cluster) -> list[tuple[Any, ...]]:
+    """PostgreSQL's sessions that are not idle: who they are, their state and what they wait
+    on (a session "idle in transaction" from a cut-off host holds its locks)."""
+    with d.sessions() as s:
+        rows = s.execute(
+            sql(
+                "SELECT client_addr, state, wait_event_type, left(query, 80)"
+                " FROM pg_stat_activity WHERE state <> 'idle' AND pid <> pg_backend_pid()"
+            )
+        ).all()
+    return [tuple(row) for row in rows]
 
 
 def _when(check: Callable[[], bool], timeout_s: float, what: str) -> float:
@@ -409,14 +423,13 @@ def test_an_orchestrator_host_cut_from_the_data_host_longer_than_its_lease(
     for data in cut_from:
         d.net.cut(victim, data)
     cut_at = time.monotonic()
-    resumed_at = {
-        t: _when(
-            _seen(load, t, "turn_resumed"),
-            60,
-            f"turn {t} to resume elsewhere",
-        )
-        for t in moved
-    }
+    try:
+        resumed_at = {
+            t: _when(_seen(load, t, "turn_resumed"), 60, f"turn {t} to resume elsewhere")
+            for t in moved
+        }
+    except TimeoutError as late:  # say what SQL was waiting on (a lock the cut side holds?)
+        raise AssertionError(f"{late}; SQL sessions not idle: {_busy_sessions(d)}") from late
     # Longer than the lease for certain, then heal: the cut-off runner comes back to a
     # world where its turns run elsewhere.
     wait_for(lambda: time.monotonic() > cut_at + 8.0, 20, "the partition to last 8 s")

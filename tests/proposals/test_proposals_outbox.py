@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import uuid
@@ -15,12 +16,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
-from signalbox.services.proposals import outbox
+from signalbox.services.proposals import context, outbox
 from signalbox.services.proposals.app import create_app
 from signalbox.services.proposals.context import ServiceContext
 from signalbox.shared.db import Outbox, Proposal
 from signalbox.shared.event_stream import EventStream
 from signalbox.shared.redis_keys import RedisKeys
+from signalbox.shared.settings import ProposalsSettings, load
 from tests.proposals.conftest import Approvals, Owner
 from tests.proposals.tcp_proxy import Proxy
 
@@ -136,3 +138,41 @@ def status_of(db: sessionmaker[Session], pid: str) -> str | None:
 
 def sweeper_threads() -> int:
     return [t.name for t in threading.enumerate()].count("proposals-sweeper")
+
+
+def test_a_redis_that_never_answers_holds_a_publish_for_one_try_only(
+    service_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The relay publishes inside the transaction that holds its outbox row's lock, and the
+    # server ends a session idle in a transaction after IDLE_IN_TRANSACTION_S (30 s). A
+    # client redis-py 8 builds from host and port retries a timeout ten times (eleven tries
+    # of 5 s here); one from a URL, as the service's, tries once: keep it so.
+    silent = socket.create_server(("127.0.0.1", 0), backlog=64)  # the kernel accepts; no reply
+    monkeypatch.setattr(context, "REDIS_TIMEOUT_S", 0.2)
+    monkeypatch.setenv("SIGNALBOX_REDIS_URL", f"redis://127.0.0.1:{silent.getsockname()[1]}/0")
+    ctx = ServiceContext.from_settings(load(ProposalsSettings))
+    try:
+        with pytest.raises(redis.TimeoutError):
+            outbox.publish(
+                ctx,
+                outbox.PROPOSAL_RESOLVED,
+                {"proposal_id": "prop_x", "status": "applied", "conversation_id": "conv_x"},
+            )
+        tries = _connections_waiting(silent)
+    finally:
+        ctx.close()
+        silent.close()
+    assert tries == 1
+
+
+def _connections_waiting(listener: socket.socket) -> int:
+    """How many connections the kernel completed on ``listener`` (each one try)."""
+    listener.setblocking(False)
+    count = 0
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except BlockingIOError:
+            return count
+        conn.close()
+        count += 1

@@ -12,11 +12,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, exc, text
 from sqlalchemy.pool import QueuePool
 
 from signalbox.services.orchestrator import store
 from signalbox.shared.db import make_engine, make_session_factory, standalone
+from signalbox.shared.db.session import IDLE_IN_TRANSACTION_S
 from tests.databases import on_postgres, own_database
 
 on_postgres_only = pytest.mark.skipif(
@@ -175,3 +176,40 @@ def test_the_turn_loops_reads_keep_the_statements_their_connection_prepared(
     pool = engine.pool
     assert isinstance(pool, QueuePool) and pool.checkedin() == 1  # one connection for all
     assert len(statements) == 3, statements
+
+
+@on_postgres_only
+def test_a_transaction_its_client_abandoned_gives_its_row_locks_up(url: str) -> None:
+    # A client cut off by a partition inside a transaction (an orchestrator host cut from
+    # SQL mid-step) sends nothing more: to the server, a session idle in its transaction.
+    # It once kept its row locks until the partition healed, and the turn's next runner, on
+    # another host, waited on them. Now the server ends such a session and rolls it back.
+    table = f"abandoned_probe_{time.monotonic_ns()}"
+    cut_off = make_engine(url, idle_in_transaction_s=1.0)
+    other = make_engine(url)
+    try:
+        with other.begin() as conn:
+            conn.execute(text(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, n INTEGER)"))
+            conn.execute(text(f"INSERT INTO {table} VALUES (1, 0)"))
+        held = cut_off.connect()
+        held.execute(text(f"UPDATE {table} SET n = 100 WHERE id = 1"))  # locked; then silence
+        with other.begin() as conn:
+            # The deadline: far longer than the timeout, and it raises instead of hanging.
+            conn.execute(text("SET LOCAL lock_timeout = '20s'"))
+            conn.execute(text(f"UPDATE {table} SET n = n + 1 WHERE id = 1"))
+        with other.connect() as conn:
+            assert conn.execute(text(f"SELECT n FROM {table}")).scalar_one() == 1  # no 100
+        with pytest.raises(exc.DBAPIError) as ended:
+            held.execute(text("SELECT 1"))
+        assert ended.value.connection_invalidated  # the pool drops it, never reuses it
+        held.close()
+    finally:
+        cut_off.dispose()
+        other.dispose()
+
+
+@on_postgres_only
+def test_every_engine_asks_the_server_to_end_abandoned_transactions(engine: Engine) -> None:
+    with engine.connect() as conn:
+        found = conn.execute(text("SHOW idle_in_transaction_session_timeout")).scalar_one()
+    assert found == f"{round(IDLE_IN_TRANSACTION_S)}s"
