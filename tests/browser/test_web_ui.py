@@ -136,7 +136,6 @@ def test_turn_timeline_approval_and_resume_in_a_real_browser(
         f"{stack.gateway_url}/api/conversations/{conversation_id}/turns",
         headers={"Authorization": f"Bearer {token}"},
         json={"text": "look around"},
-        timeout=10.0,
     )
     assert response.status_code == 202
     wait_for_turn_finished(

@@ -362,7 +362,6 @@ def test_redis_restart_with_data_lost(chaos: Chaos, user: Client) -> None:
     body = http_calls.get(
         f"{chaos.stack.gateway_url}/api/conversations/{conv_id}",
         headers={"Authorization": f"Bearer {user.token}"},
-        timeout=10,
     )
     assert body.status_code == 200 and "Running turn done." in body.text
 
@@ -381,7 +380,6 @@ def _queued_turn_whose_message_is_lost(chaos: Chaos, user: Client, marker: str) 
         f"{chaos.stack.gateway_url}/api/conversations",
         json={"workspace": "default", "title": marker},
         headers={"Authorization": f"Bearer {user.token}"},
-        timeout=10,
     )
     assert created.status_code == 201, created.text
     conversation_id = created.json()["conversation_id"]

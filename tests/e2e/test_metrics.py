@@ -30,7 +30,7 @@ Scrape = dict[Sample, float]
 
 def scrape(url: str) -> Scrape:
     """Every sample of one ``/metrics`` page, by name and labels."""
-    reply = http_calls.get(url, timeout=10.0)
+    reply = http_calls.get(url)
     assert reply.status_code == 200, f"{url}: {reply.status_code} {reply.text[:200]}"
     assert reply.headers["content-type"].startswith("text/plain")
     samples: Scrape = {}

@@ -53,7 +53,7 @@ def owned_by_a(
     service_env: dict[str, str],
 ) -> Objects:
     user_id, token = make_user()
-    with http_calls.Client(base_url=gw.url, headers=bearer(token), timeout=10.0) as http:
+    with http_calls.Client(base_url=gw.url, headers=bearer(token)) as http:
         conversation_id = http.post("/api/conversations", json={}).json()["conversation_id"]
         created_turn = http.post(
             f"/api/conversations/{conversation_id}/turns", json={"text": "A's secret turn"}
@@ -74,7 +74,6 @@ def owned_by_a(
                 {"path": "a.txt", "operation": "create", "after": "A\n", "before_sha256": None}
             ],
         },
-        timeout=10.0,
     )
     assert created.status_code == 201, created.text
     workspace = Path(service_env["SIGNALBOX_WORKSPACES_ROOT"]).resolve() / user_id / "default"
@@ -102,7 +101,7 @@ def test_every_http_route_with_an_id_is_404_for_another_user(
         ("POST", "/api/proposals/{}/reject", a.proposal_id, {"reason": "no"}),
         ("POST", "/api/proposals/{}/revert", a.proposal_id, {"scope": "turn"}),
     ]
-    with http_calls.Client(base_url=gw.url, headers=bearer(token_b), timeout=10.0) as b:
+    with http_calls.Client(base_url=gw.url, headers=bearer(token_b)) as b:
         for method, path, object_id, body in routes:
             response = b.request(method, path.format(object_id), json=body)
             assert response.status_code == 404, (method, path, response.text)
@@ -121,7 +120,7 @@ def test_every_http_route_with_an_id_is_404_for_another_user(
         assert turn is not None and call is not None
         assert not turn.cancel_requested
         assert call.decision is None
-    with http_calls.Client(base_url=gw.url, headers=bearer(a.token), timeout=10.0) as owner:
+    with http_calls.Client(base_url=gw.url, headers=bearer(a.token)) as owner:
         assert owner.get(f"/api/proposals/{a.proposal_id}").json()["status"] == "pending"
         assert owner.get(f"/api/conversations/{a.conversation_id}").status_code == 200
     assert not (a.workspace / "a.txt").exists()

@@ -29,7 +29,7 @@ def test_no_input_makes_the_gateway_fail(
 ) -> None:
     user_id, token = make_user()
     _, other = make_user()
-    with http_calls.Client(base_url=gw.url, headers=bearer(token), timeout=10.0) as http:
+    with http_calls.Client(base_url=gw.url, headers=bearer(token)) as http:
         conversation_id = http.post("/api/conversations", json={}).json()["conversation_id"]
         turn = http.post(f"/api/conversations/{conversation_id}/turns", json={"text": "hi"})
         turn_id = turn.json()["turn_id"]

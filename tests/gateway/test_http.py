@@ -28,7 +28,7 @@ def test_healthz_and_readyz(gateway: LiveGateway) -> None:
 
 def test_readyz_is_503_without_redis(start_gateway: Callable[..., LiveGateway]) -> None:
     gateway = start_gateway(redis_url=f"redis://127.0.0.1:{free_port()}/0")
-    ready = http_calls.get(f"{gateway.url}/readyz", timeout=10)
+    ready = http_calls.get(f"{gateway.url}/readyz")
     assert ready.status_code == 503
     assert ready.json()["redis"] == "unavailable"
     assert ready.json()["sql"] == "ok"

@@ -21,7 +21,7 @@ def applied_proposal(
     path: str,
 ) -> str:
     """A proposal of ``user_id`` creating ``path``, approved through the gateway."""
-    with http_calls.Client(base_url=gw.url, headers=bearer(token), timeout=10.0) as http:
+    with http_calls.Client(base_url=gw.url, headers=bearer(token)) as http:
         conversation_id = http.post("/api/conversations", json={}).json()["conversation_id"]
         created = http_calls.post(
             f"{proposals.url}/internal/proposals",
@@ -49,7 +49,7 @@ def test_revert_through_the_gateway_proposes_and_approving_it_restores_the_works
     pid = applied_proposal(gw, proposals, internal_token, user_id, token, "made.txt")
     made = Path(service_env["SIGNALBOX_WORKSPACES_ROOT"]).resolve() / user_id / "default/made.txt"
     assert made.exists()
-    with http_calls.Client(base_url=gw.url, headers=bearer(token), timeout=10.0) as http:
+    with http_calls.Client(base_url=gw.url, headers=bearer(token)) as http:
         reverted = http.post(f"/api/proposals/{pid}/revert", json={"scope": "turn"})
         assert reverted.status_code == 201, reverted.text
         back = reverted.json()
@@ -72,7 +72,7 @@ def test_the_gateway_refuses_a_bad_limit_or_scope_before_asking_the_service(
     gw: LiveGateway, proposals: ServerThread, make_user: Users
 ) -> None:
     _, token = make_user()
-    with http_calls.Client(base_url=gw.url, headers=bearer(token), timeout=10.0) as http:
+    with http_calls.Client(base_url=gw.url, headers=bearer(token)) as http:
         for limit in ("0", str(DECIDED_MAX_LIMIT + 1), "-1", "1e3", "5%00"):
             response = http.get(f"/api/proposals/decided?limit={limit}")
             assert response.status_code == 422, (limit, response.text)
@@ -91,7 +91,7 @@ def test_another_users_applied_proposal_is_404_on_revert_and_absent_from_my_list
     victim_id, victim_token = make_user()
     pid = applied_proposal(gw, proposals, internal_token, victim_id, victim_token, "v.txt")
     _, attacker = make_user()
-    with http_calls.Client(base_url=gw.url, headers=bearer(attacker), timeout=10.0) as http:
+    with http_calls.Client(base_url=gw.url, headers=bearer(attacker)) as http:
         for body in (None, {"scope": "proposal"}, {"scope": "turn"}):
             attack = http.post(f"/api/proposals/{pid}/revert", json=body)
             assert attack.status_code == 404, attack.text
@@ -99,7 +99,7 @@ def test_another_users_applied_proposal_is_404_on_revert_and_absent_from_my_list
             assert attack.text.replace(pid, "prop_absent") == absent.text
         listed = http.get("/api/proposals/decided", params={"limit": DECIDED_MAX_LIMIT})
         assert listed.status_code == 200 and pid not in listed.text
-    with http_calls.Client(base_url=gw.url, headers=bearer(victim_token), timeout=10.0) as http:
+    with http_calls.Client(base_url=gw.url, headers=bearer(victim_token)) as http:
         assert http.get("/api/proposals/pending").json()["proposals"] == []  # no revert made
     victim_file = Path(service_env["SIGNALBOX_WORKSPACES_ROOT"]).resolve() / victim_id / "default"
     assert (victim_file / "v.txt").read_text() == "new\n"

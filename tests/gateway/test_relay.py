@@ -183,7 +183,7 @@ async def test_sse_resumes_from_last_event_id_and_follows_live(
     url = f"{gateway.url}/api/conversations/{conversation_id}/stream"
     seen: list[str] = []
     async with (
-        http_calls.AsyncClient(timeout=30) as http,
+        http_calls.AsyncClient() as http,
         http.stream("GET", url, headers=headers) as r,
     ):
         assert r.status_code == 200

@@ -15,7 +15,6 @@ from tests import http_calls
 from tests.gateway.conftest import LiveGateway, bearer
 
 Users = Callable[[], tuple[str, str]]
-TIMEOUT_S = 30.0  # generous: a hang fails at it, a busy machine only waits
 
 
 def _ticket(gateway: LiveGateway, token: str) -> str:
@@ -30,7 +29,7 @@ def _stream(
     gateway: LiveGateway, conversation_id: str, headers: dict[str, str], **params: str
 ) -> Iterator[httpx.Response]:
     url = f"{gateway.url}/api/conversations/{conversation_id}/stream"
-    with http_calls.stream("GET", url, headers=headers, params=params, timeout=TIMEOUT_S) as r:
+    with http_calls.stream("GET", url, headers=headers, params=params) as r:
         yield r
 
 

@@ -29,7 +29,7 @@ def test_listing_has_real_workspaces_with_git_info(
     user_id, token = make_user()
     _, other_token = make_user()
     home = gw.settings.workspaces_root.resolve() / user_id
-    with http_calls.Client(base_url=gw.url, headers=bearer(token), timeout=10.0) as http:
+    with http_calls.Client(base_url=gw.url, headers=bearer(token)) as http:
         created = http.post("/api/workspaces", json={"name": "site"})
         assert created.status_code == 201, created.text
         assert created.json() == {
@@ -78,7 +78,7 @@ def test_listing_has_real_workspaces_with_git_info(
         }
         assert http.post("/api/conversations", json={}).json()["workspace"] == "site"
 
-    with http_calls.Client(base_url=gw.url, headers=bearer(other_token), timeout=10.0) as http:
+    with http_calls.Client(base_url=gw.url, headers=bearer(other_token)) as http:
         # Another user's workspace is not theirs to select or see.
         assert http.post("/api/workspace/select", json={"name": "site"}).status_code == 404
         names = [w["name"] for w in http.get("/api/workspaces").json()["workspaces"]]

@@ -83,7 +83,7 @@ def test_a_budget_crossed_mid_turn_refuses_the_next_turn_until_the_period_resets
     ]
     headers = {"Authorization": f"Bearer {h.token}"}
     turns_url = f"/api/conversations/{h.conversation_id}/turns"
-    with http_calls.Client(base_url=gateway.url, headers=headers, timeout=10) as http:
+    with http_calls.Client(base_url=gateway.url, headers=headers) as http:
         accepted = http.post(turns_url, json={"text": "read three files"})
         assert accepted.status_code == 202, accepted.text
         assert h.run(accepted.json()["turn_id"]) == "budget_exceeded"

@@ -38,7 +38,7 @@ def http(harness: Harness, internal_token: str, tmp_path: Path) -> Iterator[http
     gateway.start()
     try:
         headers = {"Authorization": f"Bearer {harness.token}"}
-        with http_calls.Client(base_url=gateway.url, headers=headers, timeout=10) as client:
+        with http_calls.Client(base_url=gateway.url, headers=headers) as client:
             yield client
     finally:
         gateway.stop()

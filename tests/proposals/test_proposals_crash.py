@@ -47,7 +47,6 @@ def propose(service: ServiceProcess, owner: Owner, token: str, files: list[dict[
         service.url("/internal/proposals"),
         headers={"X-Signalbox-Internal-Token": token},
         json={"user_id": owner.user_id, "conversation_id": owner.conversation_id, "files": files},
-        timeout=10,
     )
     assert response.status_code == 201, response.text
     pid: str = response.json()["proposal_id"]
@@ -56,9 +55,7 @@ def propose(service: ServiceProcess, owner: Owner, token: str, files: list[dict[
 
 def approve_and_crash(service: ServiceProcess, owner: Owner, pid: str) -> None:
     with pytest.raises(httpx.HTTPError):  # the connection dies with the process
-        http_calls.post(
-            service.url(f"/api/proposals/{pid}/approve"), headers=owner.auth, timeout=10
-        )
+        http_calls.post(service.url(f"/api/proposals/{pid}/approve"), headers=owner.auth)
     assert service.child.process is not None
     assert service.child.process.wait(timeout=10) == EXIT_CODE, service.child.log_tail()
 

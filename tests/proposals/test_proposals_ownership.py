@@ -36,7 +36,6 @@ def _create(service: ServiceProcess, internal_token: str, **fields: Any) -> http
         service.url("/internal/proposals"),
         json=body,
         headers={"X-Signalbox-Internal-Token": internal_token},
-        timeout=10.0,
     )
 
 
@@ -124,7 +123,7 @@ def test_workspace_status_refuses_bad_names_and_unknown_users(
 
     def status(user_id: str, name: str) -> int:
         url = service.url(f"/internal/workspaces/{user_id}/{name}")
-        return http_calls.get(url, headers=headers, timeout=10.0).status_code
+        return http_calls.get(url, headers=headers).status_code
 
     assert status(owner.user_id, "default") == 200
     assert status("user_nobody", "default") == 404

@@ -18,9 +18,9 @@ DECIDERS = 50
 
 def test_uvicorn_entry_point_serves_health_and_readiness(start_service: StartService) -> None:
     service = start_service()
-    ready = http_calls.get(service.url("/readyz"), timeout=5)
+    ready = http_calls.get(service.url("/readyz"))
     assert ready.status_code == 200, service.child.log_tail()
-    anonymous = http_calls.get(service.url("/api/proposals/pending"), timeout=5)
+    anonymous = http_calls.get(service.url("/api/proposals/pending"))
     assert anonymous.status_code == 401
 
 
@@ -43,7 +43,6 @@ def test_fifty_concurrent_decisions_over_http_have_exactly_one_effect(
             "conversation_id": owner.conversation_id,
             "files": [{"path": "race.txt", "operation": "create", "after": "won"}],
         },
-        timeout=10,
     )
     assert created.status_code == 201, created.text
     pid = created.json()["proposal_id"]

@@ -97,7 +97,6 @@ def create_proposal(service: ServiceProcess, owner: Owner, token: str, n: int) -
         service.url("/internal/proposals"),
         headers={"X-Signalbox-Internal-Token": token},
         json={"user_id": owner.user_id, "conversation_id": owner.conversation_id, "files": files},
-        timeout=10,
     )
     assert response.status_code == 201, response.text
     pid: str = response.json()["proposal_id"]
@@ -113,7 +112,7 @@ def approve_all(service: ServiceProcess, owner: Owner, pids: list[str]) -> dict[
     lock = threading.Lock()
 
     def approver() -> None:
-        with http_calls.Client(timeout=30) as client:
+        with http_calls.Client() as client:
             while True:
                 try:
                     pid = todo.get_nowait()

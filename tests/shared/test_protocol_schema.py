@@ -73,7 +73,7 @@ def wire(stack: Stack, stack_sessions: Any) -> Iterator[Wire]:
     events = [f for f in seen.received if f["type"] == "event"]
     conversation_id = events[0]["conversation_id"]
     [proposal_id] = [e["data"]["proposal_id"] for e in events if e["kind"] == "proposal_created"]
-    with http_calls.Client(base_url=stack.gateway_url, headers=headers, timeout=30) as http:
+    with http_calls.Client(base_url=stack.gateway_url, headers=headers) as http:
         for name, method, path in (
             ("approve", "POST", f"/api/proposals/{proposal_id}/approve"),
             ("proposal", "GET", f"/api/proposals/{proposal_id}"),
