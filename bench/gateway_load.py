@@ -87,11 +87,19 @@ def _join(process: subprocess.Popen[bytes]) -> None:
 
 @dataclass
 class RelayRound:
-    """What one relay round saw: latencies (ms), events never received, refused subscribes."""
+    """What one relay round saw: latencies (ms), events never received, refused subscribes,
+    and the CPU seconds Redis and the gateway spent from the producer's start to its end."""
 
     samples: list[float]
     lost: int
     refused: list[str]
+    redis_cpu_s: float | None = None  # None: a Redis the bench did not start
+    gateway_cpu_s: float | None = None
+
+    def us_per_event(self, cpu_s: float | None) -> float | None:
+        """``cpu_s`` per event appended, in µs."""
+        events = len(self.samples) + self.lost
+        return round(cpu_s / events * 1e6, 1) if events and cpu_s is not None else None
 
 
 @dataclass
@@ -158,17 +166,23 @@ async def _relay_round(
     period = period_s(len(conversations))
     per = int(duration_s / period)
     buckets = [_Latencies(expected=per) for _ in sockets]
+    server = env.redis_server.process  # None: a Redis the bench did not start
+    gateway_pid = env.gateway().pid
     try:
+        redis_before = proc_cpu_s(server.pid) if server is not None else 0.0
+        gateway_before = proc_cpu_s(gateway_pid)
         process, start_at = _spawn_producer(env, conversations, duration_s, False, period)
         until = start_at + duration_s + 10
         await asyncio.gather(
             *(_read_ws(ws, b, until) for ws, b in zip(sockets, buckets, strict=True))
         )
         await asyncio.to_thread(_join, process)
+        gateway_s = proc_cpu_s(gateway_pid) - gateway_before
+        redis_s = proc_cpu_s(server.pid) - redis_before if server is not None else None
     finally:
         await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
     samples = [s for b in buckets for s in b.samples]
-    return RelayRound(samples, per * len(sockets) - len(samples), refused)
+    return RelayRound(samples, per * len(sockets) - len(samples), refused, redis_s, gateway_s)
 
 
 async def _read_raw(client: aioredis.Redis, key: str, out: _Latencies, until: float) -> None:
@@ -287,6 +301,9 @@ def relay(env: BenchEnv, quick: bool, duration_s: float | None = None) -> list[R
                     "refused": len(ours.refused),
                     "lost": ours.lost,
                     "raw_lost": base_lost,
+                    # Over the measured round (each process's /proc, 10 ms ticks).
+                    "redis_cpu_us_per_event": ours.us_per_event(ours.redis_cpu_s),
+                    "gateway_cpu_us_per_event": ours.us_per_event(ours.gateway_cpu_s),
                 },
             )
         )
