@@ -3,11 +3,17 @@
 Redis assigns the ids, so they increase within a conversation and a client can resume
 from the last one it saw. The stream is capped; a resume from before the cap is a
 ``ReplayGap`` and the client reloads the conversation over HTTP.
+
+Every append also rings the stream's bell (``ring``: a ``PUBLISH`` on
+``RedisKeys.events_bell`` in the same round trip, after the ``XADD``): the gateways read a
+stream when its bell rings (services/gateway/stream_reader.py). A writer that does not
+ring is still relayed, up to the gateways' sweep (1 s) later.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,7 +24,10 @@ import redis.asyncio as aioredis
 from signalbox.shared.events import EVENT_DATA, Event, EventKind, utc_now
 from signalbox.shared.redis_keys import RedisKeys
 
+log = logging.getLogger(__name__)
+
 STREAM_MAXLEN = 10_000  # events kept per conversation; older ones answer replay_gap
+BELL = "1"  # what a bell carries: its channel says which stream has news
 _ID = re.compile(r"\d{1,20}-\d{1,20}")
 
 
@@ -76,6 +85,27 @@ def _gap(info: Mapping[Any, Any], after: str) -> bool:
     return trimmed and id_after(first_id, after)
 
 
+def ring(pipe: Any, keys: RedisKeys, conversation_id: str) -> None:
+    """Queue the bell of ``conversation_id``'s stream on ``pipe`` (a pipeline, sync or
+    asyncio), after the ``XADD``s it rings for: a gateway that hears it reads the stream.
+    Execute it with ``raise_on_error=False`` and read the results with ``appended``."""
+    pipe.publish(keys.events_bell(conversation_id), BELL)
+
+
+def appended(results: list[Any], appends: int) -> list[str]:
+    """A pipeline's first ``appends`` results (its ``XADD``s: their ids), raising the error
+    of one that failed. The bell's error after them (a user whose ACL refuses the channel)
+    is logged, not raised: the events are stored, a retry would store them twice, and the
+    gateways' sweep relays them."""
+    for result in results[:appends]:
+        if isinstance(result, Exception):
+            raise result
+    for result in results[appends:]:
+        if isinstance(result, Exception):
+            log.warning("an event stream's bell failed (relayed at the next sweep): %s", result)
+    return [e.decode() if isinstance(e, bytes) else str(e) for e in results[:appends]]
+
+
 class EventStream:
     """Synchronous access for workers and services that are not asyncio."""
 
@@ -90,14 +120,16 @@ class EventStream:
         data: Mapping[str, Any],
         turn_id: str | None = None,
     ) -> str:
-        """Append one event and return its id."""
-        event_id = self.client.xadd(
+        """Append one event, ring the stream's bell, and return the event's id."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xadd(
             self.keys.events(conversation_id),
             encode(kind, data, turn_id),  # type: ignore[arg-type]
             maxlen=STREAM_MAXLEN,
             approximate=True,
         )
-        return event_id.decode() if isinstance(event_id, bytes) else str(event_id)
+        ring(pipe, self.keys, conversation_id)
+        return appended(pipe.execute(raise_on_error=False), 1)[0]
 
     def append_many(
         self,
@@ -105,7 +137,8 @@ class EventStream:
         events: Sequence[tuple[EventKind, Mapping[str, Any]]],
         turn_id: str | None = None,
     ) -> list[str]:
-        """Append several events, in order, in one round trip; their ids."""
+        """Append several events, in order, and ring the stream's bell once, in one round
+        trip; their ids."""
         if len(events) == 1:
             kind, data = events[0]
             return [self.append(conversation_id, kind, data, turn_id)]
@@ -113,7 +146,8 @@ class EventStream:
         pipe = self.client.pipeline(transaction=False)
         for kind, data in events:
             pipe.xadd(key, encode(kind, data, turn_id), maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]
-        return [e.decode() if isinstance(e, bytes) else str(e) for e in pipe.execute()]
+        ring(pipe, self.keys, conversation_id)
+        return appended(pipe.execute(raise_on_error=False), len(events))
 
     def read_after(
         self, conversation_id: str, after: str | None, count: int | None = None
@@ -143,14 +177,17 @@ class AsyncEventStream:
         data: Mapping[str, Any],
         turn_id: str | None = None,
     ) -> str:
-        """Append one event and return its id."""
-        event_id = await self.client.xadd(
-            self.keys.events(conversation_id),
-            encode(kind, data, turn_id),  # type: ignore[arg-type]
-            maxlen=STREAM_MAXLEN,
-            approximate=True,
-        )
-        return event_id.decode() if isinstance(event_id, bytes) else str(event_id)
+        """Append one event, ring the stream's bell, and return the event's id."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.xadd(
+                self.keys.events(conversation_id),
+                encode(kind, data, turn_id),  # type: ignore[arg-type]
+                maxlen=STREAM_MAXLEN,
+                approximate=True,
+            )
+            ring(pipe, self.keys, conversation_id)
+            results = await pipe.execute(raise_on_error=False)
+        return appended(results, 1)[0]
 
     async def read_after(
         self, conversation_id: str, after: str | None, count: int | None = None

@@ -15,6 +15,11 @@ class RedisKeys:
         """The conversation's event stream (Redis Stream, replayable by id)."""
         return f"{self.prefix}events:{conversation_id}"
 
+    def events_bell(self, conversation_id: str) -> str:
+        """Pub/sub channel published on after each append to the conversation's event stream
+        (``shared/event_stream.py``): gateways read the stream when it rings."""
+        return f"{self.prefix}bell:events:{conversation_id}"
+
     def tool_results(self, turn_id: str) -> str:
         """Stream of tool results of one turn, written by tool workers, read by the orchestrator."""
         return f"{self.prefix}results:{turn_id}"
@@ -58,10 +63,6 @@ class RedisKeys:
     def deployment_epoch(self) -> str:
         """A value set once per Redis lifetime; its disappearance means Redis lost its data."""
         return f"{self.prefix}epoch"
-
-    def relay_wake(self, reader_id: str) -> str:
-        """A gateway relay reader's wake-up stream: written to when it follows a new stream."""
-        return f"{self.prefix}relay-wake:{reader_id}"
 
     def tool_catalogue(self) -> str:
         """Sorted set of live tool-worker catalogue keys, scored by expiry time."""

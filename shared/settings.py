@@ -94,6 +94,9 @@ class GatewaySettings(_NeedsInternalToken):
     # (bench `connections`, bench/analysis.md). A client that offers it works either way.
     ws_per_message_deflate: bool = False
     client_queue_size: int = 1000  # events buffered per socket before a slow reader is closed
+    # Streams are read when their bell rings (services/gateway/stream_reader.py); every this
+    # many seconds, one read of every followed stream relays what a writer did not ring for.
+    relay_sweep_s: float = Field(default=1.0, gt=0)
     rate_limit_per_minute: int = 600  # WebSocket frames of any type, per user
     # Per-user limits per class of action, in the `limits` notation ("30/minute",
     # "1000/day"), counted in Redis over a moving window by every gateway together

@@ -1,9 +1,9 @@
 """Relay of conversation event streams to the sockets of this gateway process.
 
 Every conversation with a local subscriber is followed from a concrete last id by one of
-the process's ``StreamReader``s (one connection, one ``XREAD`` over up to
-``STREAMS_PER_READ`` streams; see stream_reader.py), and each event it reads is offered
-to every subscription of its conversation. Joining loses nothing and duplicates nothing:
+the process's ``StreamReader``s (up to ``STREAMS_PER_READ`` streams each, subscribed to
+their bells, each read when it rings; see stream_reader.py), and each event it reads is
+offered to every subscription of its conversation. Joining loses nothing and duplicates nothing:
 
 1. the subscription registers first, buffering what is offered; the conversation's
    starting position is known (and handed to a reader) before step 2 starts;
@@ -27,7 +27,6 @@ import asyncio
 import json
 import logging
 import re
-import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import NamedTuple, Protocol
@@ -41,13 +40,11 @@ from signalbox.shared.events import EVENT_DATA, Event
 log = logging.getLogger(__name__)
 
 REPLAY_PAGE = 500  # events read per XRANGE while catching up
-# New streams wake the read at once (stream_reader.py); the block only bounds the delay if
-# a wake-up is lost, and costs one idle XREAD per reader per period.
-FOLLOW_BLOCK_MS = 1_000
-# redis-py 8 defaults to a 5 s socket timeout; a blocked XREAD must never hit it.
-RELAY_SOCKET_TIMEOUT_S = FOLLOW_BLOCK_MS / 1000 + 10
-# Streams in one XREAD: Redis and the packing cost ~1 µs per stream on every read, and a
-# read follows nearly every event, so past this a second connection takes the next ones.
+# Every stream is read when its bell rings (stream_reader.py); the sweep, one read of every
+# followed stream, bounds the delay of an event whose writer did not ring.
+SWEEP_S = 1.0
+RELAY_SOCKET_TIMEOUT_S = 10.0
+# Streams per reader: a sweep names all of them in one XREAD, at ~1 µs per stream.
 STREAMS_PER_READ = 1_000
 
 # The head of a stream entry as ``encode`` writes it: turn id (a plain id or null), ts, kind;
@@ -212,8 +209,9 @@ class _Followed:
 class RelayHub:
     """The followed conversations of one gateway process, read by a few ``StreamReader``s.
 
-    Each reader holds one connection and follows up to ``streams_per_read`` conversations,
-    so a process needs one connection per that many followed conversations, not one each.
+    Each reader holds two connections (its bells, its reads) and follows up to
+    ``streams_per_read`` conversations, so a process needs two connections per that many
+    followed conversations, not one each.
     """
 
     def __init__(
@@ -221,16 +219,15 @@ class RelayHub:
         stream: AsyncEventStream,
         read_pool: ConnectionPool,
         buffer_limit: int,
-        block_ms: int = FOLLOW_BLOCK_MS,
+        sweep_s: float = SWEEP_S,
         streams_per_read: int = STREAMS_PER_READ,
     ) -> None:
         self.stream = stream
         self.buffer_limit = buffer_limit
         self.readers: list[StreamReader] = []
         self._read_pool = read_pool
-        self._block_ms = block_ms
+        self._sweep_s = sweep_s
         self._streams_per_read = streams_per_read
-        self._id = uuid.uuid4().hex[:12]
         self._followed: dict[str, _Followed] = {}  # by conversation id
         self._by_key: dict[str, _Followed] = {}  # by stream key
         self._starts: set[asyncio.Task[None]] = set()
@@ -302,20 +299,17 @@ class RelayHub:
             followed.started.set_result(None)  # every joiner left meanwhile
             return
         reader = self._reader_with_room()
-        reader.add(followed.key, position)
+        reader.add(followed.key, self.stream.keys.events_bell(followed.conversation_id), position)
         followed.reader = reader
         # The position is known before any joiner replays: step 1 of the module docstring.
         followed.started.set_result(None)
-        await reader.wake()
+        await reader.flush()
 
     def _reader_with_room(self) -> StreamReader:
         for reader in self.readers:
             if len(reader) < self._streams_per_read:
                 return reader
-        wake_key = self.stream.keys.relay_wake(f"{self._id}-{len(self.readers)}")
-        reader = StreamReader(
-            self._read_pool, self.stream.client, wake_key, self._hand_on, self._block_ms
-        )
+        reader = StreamReader(self._read_pool, self._hand_on, self._sweep_s)
         self.readers.append(reader)
         return reader
 

@@ -102,11 +102,11 @@ class Gateway:
         client = _pooled_client(settings.redis_url)
         # Replays have a pool of their own, so a burst of them never starves the requests.
         replay_client = _pooled_client(settings.redis_url)
-        # The readers' connections block in XREAD; they never come back to a pool.
+        # The readers' connections (bells and reads) are their own; never back in a pool.
         read_pool = async_pool(
             settings.redis_url,
             decode_responses=True,
-            protocol=2,  # the readers parse XREAD's RESP2 reply themselves
+            protocol=2,  # the readers parse RESP2 replies and pub/sub messages themselves
             client_name=f"{keys.prefix}relay",  # in CLIENT LIST, for operators (and tests)
             socket_timeout=RELAY_SOCKET_TIMEOUT_S,
         )
@@ -122,7 +122,10 @@ class Gateway:
             http=httpx.AsyncClient(base_url=settings.proposals_url, timeout=30.0),
             events=AsyncEventStream(client, keys),
             hub=RelayHub(
-                AsyncEventStream(replay_client, keys), read_pool, settings.client_queue_size
+                AsyncEventStream(replay_client, keys),
+                read_pool,
+                settings.client_queue_size,
+                sweep_s=settings.relay_sweep_s,
             ),
             limits=RateLimits.build(client, keys, settings, metrics),
             quotas=Quotas(settings, metrics),

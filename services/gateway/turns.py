@@ -35,7 +35,7 @@ from signalbox.shared.db import Conversation, Turn, User
 from signalbox.shared.db.concurrency import lock_row
 from signalbox.shared.db.models import as_utc, now
 from signalbox.shared.db.session import core
-from signalbox.shared.event_stream import STREAM_MAXLEN, encode
+from signalbox.shared.event_stream import STREAM_MAXLEN, appended, encode, ring
 from signalbox.shared.events import EventKind
 from signalbox.shared.ids import new_id
 from signalbox.shared.log_context import log_context
@@ -273,7 +273,10 @@ def _store_and_send(
         maxlen=STREAM_MAXLEN,
         approximate=True,
     )
-    stored.queued_event_id = str(pipe.execute()[-1])
+    ring(pipe, gateway.keys, turn.conversation_id)
+    results = pipe.execute(raise_on_error=False)
+    # Any error raised but the bell's; turn_queued's id is the result before the bell's.
+    stored.queued_event_id = appended(results, len(results) - 1)[-1]
     gateway.metrics.turns_queued.labels(inserted.user_class).inc()
     # The run_turn message carries these ids to the orchestrator's log lines.
     with log_context(conversation_id=turn.conversation_id, turn_id=turn.id, user_id=user_id):

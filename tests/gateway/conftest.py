@@ -103,6 +103,9 @@ def gateway_settings(
             "internal_token": internal_token,
             "workspaces_root": root,
             "proposals_url": f"http://127.0.0.1:{free_port()}",  # nothing listens unless set
+            # Events relayed only when their writer rings: one that forgot would wait for the
+            # sweep, past every test's deadline.
+            "relay_sweep_s": 120.0,
         }
         values.update(overrides)
         return GatewaySettings(**values)

@@ -1,5 +1,6 @@
-"""The relay's multiplexed readers: hundreds of conversations on one connection, streams
-added while a read is blocked, a killed connection, more streams than one read takes."""
+"""The relay's multiplexed readers: hundreds of conversations on one reader, reads of only
+the streams whose bell rang, the sweep, killed connections, more streams than one reader
+takes."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from websockets.asyncio.client import ClientConnection
 from signalbox.services.gateway.relay import EventHead, RelayHub, Subscription
 from signalbox.services.gateway.state import Gateway
 from signalbox.shared.db import Conversation
-from signalbox.shared.event_stream import AsyncEventStream, EventStream
+from signalbox.shared.event_stream import AsyncEventStream, EventStream, encode
 from signalbox.shared.ids import new_id
 from signalbox.shared.redis_keys import RedisKeys
 from tests.gateway.conftest import LiveGateway, connect, recv
@@ -67,7 +68,7 @@ async def _collect(
     return frames
 
 
-async def test_one_gateway_follows_300_conversations_on_one_connection(
+async def test_one_gateway_follows_300_conversations_on_one_reader(
     start_gateway: Callable[..., LiveGateway],
     make_user: Callable[[], tuple[str, str]],
     db_sessions: sessionmaker[Session],
@@ -88,7 +89,7 @@ async def test_one_gateway_follows_300_conversations_on_one_connection(
         )
         hub = _state(gateway).hub
         assert len(hub.followed) == CONVERSATIONS
-        assert len(hub.readers) == 1  # one connection, not one per conversation
+        assert len(hub.readers) == 1  # two connections, not one per conversation
 
         def append_live() -> None:
             for n in range(LIVE_ROUNDS):
@@ -189,51 +190,76 @@ async def make_hub(redis_url: str, keys: RedisKeys) -> AsyncIterator[Callable[..
         await hub.aclose()
 
 
-async def _blocked(hub: Hub, reads: int) -> None:
-    """Wait until the hub's reader has sent its ``reads``-th XREAD and Redis holds it blocked."""
-    reader = hub.hub.readers[0]
+async def _settled(hub: Hub) -> None:
+    """Wait until the hub's readers have read everything their bells announced so far."""
     async with asyncio.timeout(DEADLINE_S):
         while True:
-            clients: Any = await hub.client.client_list()
-            blocked = [c for c in clients if c["name"] == hub.client_name and c["cmd"] == "xread"]
-            if reader.reads >= reads and blocked and "b" in blocked[0]["flags"]:
+            if not any(r.pending for r in hub.hub.readers):
                 return
-            await asyncio.sleep(0.005)  # polling Redis's own view, with a deadline
+            await asyncio.sleep(0.005)  # polling the readers' own state, with a deadline
 
 
-async def test_a_stream_added_during_a_long_block_is_read_at_once(
+async def test_a_read_names_only_the_streams_whose_bell_rang(
     make_hub: Callable[..., Hub],
 ) -> None:
-    hub = make_hub(block_ms=120_000)  # without the wake-up, B would wait up to 120 s
+    hub = make_hub(sweep_s=120.0)  # no sweep within the test: every read is a bell's
+    names = [f"c{i}" for i in range(100)]
+    follows = {c: await hub.follow(c) for c in names}
+    await _settled(hub)
+    reader = hub.hub.readers[0]
+    reads, named = reader.reads, reader.streams_read
+    expected: list[str] = []
+    for _ in range(5):  # one at a time: each bell's read is over before the next append
+        expected += await hub.append("c7", 1)
+        assert await follows["c7"][1].wait_for(len(expected)) == expected
+    await _settled(hub)
+    assert reader.reads > reads
+    # Every read since named one stream; a read of every followed stream would name 100.
+    assert reader.streams_read - named == reader.reads - reads
+
+
+async def test_a_stream_is_read_when_its_bell_rings_not_at_the_sweep(
+    make_hub: Callable[..., Hub],
+) -> None:
+    hub = make_hub(sweep_s=120.0)  # without the bells, B would wait up to 120 s
     _sub_a, _sink_a = await hub.follow("a")
-    await _blocked(hub, reads=1)
-    reads = hub.hub.readers[0].reads
     _sub_b, sink_b = await hub.follow("b")
     ids = await hub.append("b", 2)
     assert await sink_b.wait_for(2, timeout_s=DEADLINE_S) == ids
-    assert hub.hub.readers[0].reads > reads
 
 
-async def test_a_killed_read_connection_resumes_where_it_stood(
+async def test_a_writer_that_does_not_ring_is_read_at_the_sweep(
     make_hub: Callable[..., Hub],
 ) -> None:
-    hub = make_hub(block_ms=30_000)
+    hub = make_hub(sweep_s=0.2)
+    _sub, sink = await hub.follow("quiet")
+    entry = encode("text_delta", {"text": "no bell"}, "turn_x")
+    raw: Any = await hub.client.xadd(hub.keys.events("quiet"), entry)  # type: ignore[arg-type]
+    assert await sink.wait_for(1) == [raw]
+
+
+async def test_killed_connections_resume_where_they_stood(
+    make_hub: Callable[..., Hub],
+) -> None:
+    hub = make_hub(sweep_s=120.0)  # what arrives after the kill comes from the bells
     follows = [await hub.follow(c) for c in ("a", "b", "c")]
     first = {c: await hub.append(c, 3) for c in ("a", "b", "c")}
     for (_sub, sink), c in zip(follows, ("a", "b", "c"), strict=True):
         assert await sink.wait_for(3) == first[c]
-    await _blocked(hub, reads=1)
     killed = 0
     clients: Any = await hub.client.client_list()
     for client in clients:
         if client["name"] == hub.client_name:
             await hub.client.client_kill_filter(_id=client["id"])
             killed += 1
-    assert killed == 1
+    assert killed == 2  # the bells' connection and the reads'
     # Appended while the reader has no connection: read once it is back, nothing twice.
     later = {c: await hub.append(c, 3) for c in ("a", "b", "c")}
     for (_sub, sink), c in zip(follows, ("a", "b", "c"), strict=True):
         assert await sink.wait_for(6) == first[c] + later[c]
+    await _settled(hub)
+    for (_sub, sink), c in zip(follows, ("a", "b", "c"), strict=True):
+        assert sink.ids == first[c] + later[c]
 
 
 async def test_more_streams_than_one_read_takes_go_to_another_reader(
@@ -252,5 +278,5 @@ async def test_more_streams_than_one_read_takes_go_to_another_reader(
     _sub, sink = await hub.follow("c0")
     more = await hub.append("c0", 2)
     assert await sink.wait_for(6) == appended["c0"] + more
-    await asyncio.sleep(0.05)  # a duplicate would be handed on in the same read; none came
+    await _settled(hub)  # a duplicate would have been handed on by now; none came
     assert len(sink.ids) == 6

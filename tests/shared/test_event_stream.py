@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import itertools
 import uuid
+from collections.abc import Callable
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 
-from signalbox.shared.event_stream import EventStream, ReplayGap, check_event_id, id_after
+from signalbox.shared.event_stream import (
+    AsyncEventStream,
+    EventStream,
+    ReplayGap,
+    check_event_id,
+    id_after,
+)
 from signalbox.shared.redis_keys import RedisKeys
 
 
@@ -53,3 +61,75 @@ def test_malformed_ids_are_refused() -> None:
     for bad in ("$", "abc", "1-2-3", "", "0"):
         with pytest.raises(ValueError):
             check_event_id(bad)
+
+
+def _bells(client: redis.Redis, channel: str) -> Callable[[], str | None]:
+    """Subscribe to ``channel``; a function that returns the next bell's data (None: none
+    within the deadline)."""
+    pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    pubsub.subscribe(channel)
+    assert pubsub.get_message(timeout=BELL_DEADLINE_S) is None  # the confirmation, skipped
+
+    def next_bell() -> str | None:
+        message = pubsub.get_message(timeout=BELL_DEADLINE_S)
+        return None if message is None else str(message["data"])
+
+    return next_bell
+
+
+BELL_DEADLINE_S = 5.0
+
+
+def test_every_append_rings_the_streams_bell_once_its_events_are_readable(
+    redis_client: redis.Redis, keys: RedisKeys
+) -> None:
+    stream = EventStream(redis_client, keys)
+    conv = f"conv_{uuid.uuid4().hex}"
+    next_bell = _bells(redis_client, keys.events_bell(conv))
+
+    one = stream.append(conv, "text_delta", {"text": "a"}, turn_id="t1")
+    assert next_bell() is not None
+    assert [e.id for e in stream.read_after(conv, None)] == [one]
+
+    many = stream.append_many(conv, [("text_delta", {"text": "b"}), ("text_delta", {"text": "c"})])
+    assert len(many) == 2 and next_bell() is not None  # one bell for the batch
+    assert [e.id for e in stream.read_after(conv, one)] == many
+
+
+@pytest.mark.anyio
+async def test_an_asyncio_append_rings_the_bell_too(redis_url: str, keys: RedisKeys) -> None:
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    sync_client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        conv = f"conv_{uuid.uuid4().hex}"
+        next_bell = _bells(sync_client, keys.events_bell(conv))
+        event_id = await AsyncEventStream(client, keys).append(conv, "text_delta", {"text": "a"})
+        assert next_bell() is not None
+        assert [e.id for e in EventStream(sync_client, keys).read_after(conv, None)] == [event_id]
+    finally:
+        await client.aclose()
+        sync_client.close()
+
+
+def test_a_bell_refused_by_acl_stores_the_event_once_and_says_so(
+    redis_client: redis.Redis, redis_url: str, keys: RedisKeys, caplog: pytest.LogCaptureFixture
+) -> None:
+    user, password = f"sb-nobell-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    # Every key and command, no channel.
+    redis_client.acl_setuser(
+        user, enabled=True, passwords=[f"+{password}"], keys=["*"], commands=["+@all"],
+        reset_channels=True,
+    )  # fmt: skip
+    client = redis.Redis.from_url(redis_url, username=user, password=password)
+    try:
+        stream = EventStream(client, keys)
+        conv = f"conv_{uuid.uuid4().hex}"
+        one = stream.append(conv, "text_delta", {"text": "a"})
+        many = stream.append_many(
+            conv, [("text_delta", {"text": "b"}), ("text_delta", {"text": "c"})]
+        )
+        assert [e.id for e in stream.read_after(conv, None)] == [one, *many]
+        assert sum("bell failed" in r.getMessage() for r in caplog.records) == 2
+    finally:
+        client.close()
+        redis_client.acl_deluser(user)
