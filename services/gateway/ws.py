@@ -7,6 +7,7 @@ from urllib.parse import urlsplit
 from fastapi import APIRouter, WebSocket
 
 from signalbox.services.gateway.deps import get_gateway, user_from_token
+from signalbox.services.gateway.metrics import user_class
 from signalbox.services.gateway.state import Gateway
 from signalbox.services.gateway.tickets import consume_ticket
 from signalbox.services.gateway.ws_session import WsSession
@@ -30,18 +31,20 @@ def origin_allowed(origin: str | None, host: str | None, allowed: list[str]) -> 
     return bool(host) and netloc == (host or "").lower()
 
 
-async def handshake_user(gateway: Gateway, websocket: WebSocket) -> str | None:
-    """The user id of a bearer header or a ticket (consumed), else None."""
+async def handshake_user(gateway: Gateway, websocket: WebSocket) -> tuple[str, str | None] | None:
+    """The user id of a bearer header or a ticket (consumed), and the user's class when the
+    user was read (a bearer token's), else None."""
     authorization = websocket.headers.get("authorization")
     if authorization:
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return None
         user = await user_from_token(gateway, token.strip())
-        return user.id if user is not None else None
+        return (user.id, user_class(user.is_admin)) if user is not None else None
     ticket = websocket.query_params.get("ticket")
     if ticket:
-        return await consume_ticket(gateway.redis, gateway.keys, ticket)
+        user_id = await consume_ticket(gateway.redis, gateway.keys, ticket)
+        return (user_id, None) if user_id is not None else None
     return None
 
 
@@ -53,15 +56,16 @@ async def websocket_endpoint(websocket: WebSocket) -> None:
     if not origin_allowed(origin, websocket.headers.get("host"), gateway.settings.allowed_origins):
         await websocket.close(code=POLICY_VIOLATION)
         return
-    user_id = await handshake_user(gateway, websocket)
-    if user_id is None:
+    user = await handshake_user(gateway, websocket)
+    if user is None:
         await websocket.close(code=POLICY_VIOLATION)
         return
+    user_id, known_class = user
     bind_log_context(user_id=user_id)  # every line of this socket's task
     await websocket.accept()
     connections = gateway.metrics.connections.labels("ws")
     connections.inc()
     try:
-        await WsSession(gateway, websocket, user_id).run()
+        await WsSession(gateway, websocket, user_id, known_class).run()
     finally:
         connections.dec()

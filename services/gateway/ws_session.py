@@ -161,7 +161,9 @@ class Outbox(Generic[T]):
 class WsSession:
     """The state of one connection: its user, subscriptions and outbox."""
 
-    def __init__(self, gateway: Gateway, websocket: WebSocket, user_id: str) -> None:
+    def __init__(
+        self, gateway: Gateway, websocket: WebSocket, user_id: str, user_class: str | None = None
+    ) -> None:
         self.gateway = gateway
         self.websocket = websocket
         self.user_id = user_id
@@ -174,7 +176,9 @@ class WsSession:
         # A future, not an Event waited on by a task: an idle socket holds only its reader
         # and writer tasks (what each socket holds is most of a gateway's memory at rest).
         self._closing: asyncio.Future[None] = self._loop.create_future()
-        self._user_class: str | None = None  # for per-class metrics, read at the first frame
+        # For per-class limits and metrics: known from a bearer token's user, else read at the
+        # first frame.
+        self._user_class = user_class
         # The heartbeat and the idle timeout: the gateway's clock calls ``on_clock`` when the
         # earlier of the two is due, and the socket answers its next deadline then, rather
         # than on every frame (a timeout around each read and each queue wait cost a timer
@@ -417,14 +421,19 @@ class WsSession:
                 )
                 self.send(_ack(frame.req, result))
 
-    async def subscribe(self, conversation_id: str, after: str | None, ack: Ack) -> None:
-        """Reply ``ack``, then every stored event after ``after``, then live events."""
+    async def subscribe(
+        self, conversation_id: str, after: str | None, ack: Ack, owned: bool = False
+    ) -> None:
+        """Reply ``ack``, then every stored event after ``after``, then live events.
+        ``owned``: the user's ownership of the conversation was just checked (the turn
+        submitted into it), so it is not read again."""
         if after is not None:
             try:
                 check_event_id(after)
             except ValueError as exc:
                 raise BadInput(str(exc)) from None
-        await self.gateway.read(lambda s: owned_conversation(s, self.user_id, conversation_id))
+        if not owned:
+            await self.gateway.read(lambda s: owned_conversation(s, self.user_id, conversation_id))
         old = self.subscriptions.pop(conversation_id, None)
         if old is not None:
             self.gateway.hub.unsubscribe(old)
@@ -469,7 +478,10 @@ class WsSession:
         else:
             # A repeated client_turn_id: its events are the client's to replay by id.
             after = await self.gateway.events.last_id(submitted.conversation_id)
-        await self.subscribe(submitted.conversation_id, after, ack)
+        # A new turn was stored in this conversation in a transaction that created it for
+        # this user or found it with ``owned_conversation`` (turns.py); a resent one's
+        # conversation is checked again.
+        await self.subscribe(submitted.conversation_id, after, ack, owned=submitted.created)
 
     async def _event_before(self, conversation_id: str, event_id: str) -> str | None:
         entries: Any = await self.gateway.redis.xrevrange(
