@@ -85,6 +85,21 @@ def _gap(info: Mapping[Any, Any], after: str) -> bool:
     return trimmed and id_after(first_id, after)
 
 
+def queue_appends(
+    pipe: Any,
+    keys: RedisKeys,
+    conversation_id: str,
+    events: Sequence[tuple[EventKind, Mapping[str, Any]]],
+    turn_id: str | None,
+) -> None:
+    """Queue on ``pipe`` (sync or asyncio) the ``XADD`` of each event, in order, then the
+    stream's bell; read what it executes (``raise_on_error=False``) with ``appended``."""
+    key = keys.events(conversation_id)
+    for kind, data in events:
+        pipe.xadd(key, encode(kind, data, turn_id), maxlen=STREAM_MAXLEN, approximate=True)
+    ring(pipe, keys, conversation_id)
+
+
 def ring(pipe: Any, keys: RedisKeys, conversation_id: str) -> None:
     """Queue the bell of ``conversation_id``'s stream on ``pipe`` (a pipeline, sync or
     asyncio), after the ``XADD``s it rings for: a gateway that hears it reads the stream.
@@ -121,15 +136,7 @@ class EventStream:
         turn_id: str | None = None,
     ) -> str:
         """Append one event, ring the stream's bell, and return the event's id."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.xadd(
-            self.keys.events(conversation_id),
-            encode(kind, data, turn_id),  # type: ignore[arg-type]
-            maxlen=STREAM_MAXLEN,
-            approximate=True,
-        )
-        ring(pipe, self.keys, conversation_id)
-        return appended(pipe.execute(raise_on_error=False), 1)[0]
+        return self._write(conversation_id, [(kind, data)], turn_id)[0]
 
     def append_many(
         self,
@@ -139,14 +146,16 @@ class EventStream:
     ) -> list[str]:
         """Append several events, in order, and ring the stream's bell once, in one round
         trip; their ids."""
-        if len(events) == 1:
-            kind, data = events[0]
-            return [self.append(conversation_id, kind, data, turn_id)]
-        key = self.keys.events(conversation_id)
+        return self._write(conversation_id, events, turn_id)
+
+    def _write(
+        self,
+        conversation_id: str,
+        events: Sequence[tuple[EventKind, Mapping[str, Any]]],
+        turn_id: str | None,
+    ) -> list[str]:
         pipe = self.client.pipeline(transaction=False)
-        for kind, data in events:
-            pipe.xadd(key, encode(kind, data, turn_id), maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]
-        ring(pipe, self.keys, conversation_id)
+        queue_appends(pipe, self.keys, conversation_id, events, turn_id)
         return appended(pipe.execute(raise_on_error=False), len(events))
 
     def read_after(
@@ -179,13 +188,7 @@ class AsyncEventStream:
     ) -> str:
         """Append one event, ring the stream's bell, and return the event's id."""
         async with self.client.pipeline(transaction=False) as pipe:
-            pipe.xadd(
-                self.keys.events(conversation_id),
-                encode(kind, data, turn_id),  # type: ignore[arg-type]
-                maxlen=STREAM_MAXLEN,
-                approximate=True,
-            )
-            ring(pipe, self.keys, conversation_id)
+            queue_appends(pipe, self.keys, conversation_id, [(kind, data)], turn_id)
             results = await pipe.execute(raise_on_error=False)
         return appended(results, 1)[0]
 
