@@ -98,6 +98,8 @@ class StreamReader:
         self._flushing: asyncio.Task[None] | None = None
         self.reads = 0  # XREADs issued (for tests and benchmarks)
         self.streams_read = 0  # streams they named, summed
+        self.sweeps = 0  # reads of every stream, on the sweep's clock
+        self.bell_connections = 0  # bell connections opened
         loop = asyncio.get_running_loop()
         self._sweeps = loop.call_later(sweep_s, self._sweep)
         self._listener = asyncio.create_task(self._listen(), name="relay-bells")
@@ -215,6 +217,7 @@ class StreamReader:
     async def _listen_on(self, connection: AbstractConnection) -> None:
         """Subscribe to every followed stream's bell and hear them, until the connection fails."""
         await connection.connect()  # type: ignore[no-untyped-call]
+        self.bell_connections += 1
         # Set before the channels are listed, with no await between: a stream added from now
         # on is sent by ``flush`` on this connection, one added before is in the list.
         self._bells = connection
@@ -224,8 +227,22 @@ class StreamReader:
         if commands:
             await connection.send_packed_command(b"".join(commands), check_health=False)
         silence_s = self._sweep_s + BELL_SILENCE_S
+        refused = False
         while True:
-            self._heard(await connection.read_response(timeout=silence_s))
+            try:
+                message = await connection.read_response(timeout=silence_s)
+            except redis.exceptions.ResponseError as exc:
+                # A refused subscription (an ACL without the bells' channels): the connection
+                # is sound, those streams are read at the sweep, and opening it again would
+                # only be refused again.
+                self._unconfirmed = 0
+                if not refused:
+                    log.error("relay bells refused: %s; read every %g s", exc, self._sweep_s)
+                refused = True
+                continue
+            if message is None:  # not a word, not even the sweep's PONG: the connection is dead
+                raise TimeoutError(f"no word on the bell connection for {silence_s:g} s")
+            self._heard(message)
 
     def _heard(self, message: Any) -> None:
         # ["message", channel, data] for a bell, ["subscribe", channel, count] for a
@@ -254,6 +271,7 @@ class StreamReader:
                         self._waiter = None
                 if self._sweep_due:
                     self._sweep_due = False
+                    self.sweeps += 1
                     await self._ping_bells()
                     keys = list(self._positions)
                 else:

@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from sqlalchemy.orm import Session, sessionmaker
 from websockets.asyncio.client import ClientConnection
 
+from signalbox.services.gateway import stream_reader
 from signalbox.services.gateway.relay import EventHead, RelayHub, Subscription
 from signalbox.services.gateway.state import Gateway
 from signalbox.shared.db import Conversation
@@ -144,12 +145,14 @@ class Sink:
 class Hub:
     """A ``RelayHub`` on the test Redis, and helpers to follow and write conversations."""
 
-    def __init__(self, redis_url: str, keys: RedisKeys, **options: Any) -> None:
+    def __init__(
+        self, redis_url: str, keys: RedisKeys, read_url: str | None = None, **options: Any
+    ) -> None:
         self.keys = keys
         self.client = aioredis.Redis.from_url(redis_url, decode_responses=True)
         self.client_name = f"{keys.prefix}relay-{uuid.uuid4().hex[:6]}"
         self.read_pool = aioredis.ConnectionPool.from_url(
-            redis_url, decode_responses=True, protocol=2, client_name=self.client_name,
+            read_url or redis_url, decode_responses=True, protocol=2, client_name=self.client_name,
             socket_timeout=30,
         )  # fmt: skip
         self.stream = AsyncEventStream(self.client, keys)
@@ -190,13 +193,18 @@ async def make_hub(redis_url: str, keys: RedisKeys) -> AsyncIterator[Callable[..
         await hub.aclose()
 
 
-async def _settled(hub: Hub) -> None:
-    """Wait until the hub's readers have read everything their bells announced so far."""
+async def _until(condition: Callable[[], bool]) -> None:
+    """Wait until ``condition()`` holds: a reader's own state, polled, with a deadline."""
     async with asyncio.timeout(DEADLINE_S):
         while True:
-            if not any(r.pending for r in hub.hub.readers):
+            if condition():
                 return
-            await asyncio.sleep(0.005)  # polling the readers' own state, with a deadline
+            await asyncio.sleep(0.005)
+
+
+async def _settled(hub: Hub) -> None:
+    """Wait until the hub's readers have read everything their bells announced so far."""
+    await _until(lambda: not any(r.pending for r in hub.hub.readers))
 
 
 async def test_a_read_names_only_the_streams_whose_bell_rang(
@@ -224,6 +232,7 @@ async def test_a_stream_is_read_when_its_bell_rings_not_at_the_sweep(
     hub = make_hub(sweep_s=120.0)  # without the bells, B would wait up to 120 s
     _sub_a, _sink_a = await hub.follow("a")
     _sub_b, sink_b = await hub.follow("b")
+    await _settled(hub)  # subscribed: only a bell can announce what comes next
     ids = await hub.append("b", 2)
     assert await sink_b.wait_for(2, timeout_s=DEADLINE_S) == ids
 
@@ -233,6 +242,7 @@ async def test_a_writer_that_does_not_ring_is_read_at_the_sweep(
 ) -> None:
     hub = make_hub(sweep_s=0.2)
     _sub, sink = await hub.follow("quiet")
+    await _settled(hub)  # subscribed and read: nothing but a sweep reads the stream again
     entry = encode("text_delta", {"text": "no bell"}, "turn_x")
     raw: Any = await hub.client.xadd(hub.keys.events("quiet"), entry)  # type: ignore[arg-type]
     assert await sink.wait_for(1) == [raw]
@@ -265,7 +275,7 @@ async def test_killed_connections_resume_where_they_stood(
 async def test_more_streams_than_one_read_takes_go_to_another_reader(
     make_hub: Callable[..., Hub],
 ) -> None:
-    hub = make_hub(streams_per_read=2)
+    hub = make_hub(streams_per_read=2, sweep_s=120.0)
     names = [f"c{i}" for i in range(5)]
     follows = {c: await hub.follow(c) for c in names}
     assert [len(r) for r in hub.hub.readers] == [2, 2, 1]
@@ -280,3 +290,46 @@ async def test_more_streams_than_one_read_takes_go_to_another_reader(
     assert await sink.wait_for(6) == appended["c0"] + more
     await _settled(hub)  # a duplicate would have been handed on by now; none came
     assert len(sink.ids) == 6
+
+
+async def test_a_bell_connection_gone_silent_is_opened_again(
+    make_hub: Callable[..., Hub], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stream_reader, "BELL_SILENCE_S", 0.2)
+    hub = make_hub(sweep_s=0.3)  # a PING every 0.3 s; silent 0.5 s: dead
+    _sub, _sink = await hub.follow("a")
+    await _settled(hub)
+    reader = hub.hub.readers[0]
+    opened = reader.bell_connections
+    bells = reader._bells
+    assert bells is not None
+
+    async def silent(*_args: Any, **kwargs: Any) -> None:
+        await asyncio.sleep(kwargs.get("timeout") or 0)
+        return None  # what redis-py returns when nothing came within the timeout
+
+    monkeypatch.setattr(bells, "read_response", silent)  # a half-open TCP connection
+    await _until(lambda: reader.bell_connections > opened)
+    await _settled(hub)
+    assert reader._bells is not bells
+
+
+async def test_bells_refused_by_acl_leave_the_connection_open_and_the_sweep_reads(
+    make_hub: Callable[..., Hub], redis_url: str, redis_client: redis.Redis
+) -> None:
+    user, password = f"sb-relay-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    redis_client.acl_setuser(
+        user, enabled=True, passwords=[f"+{password}"], keys=["*"], commands=["+@all"],
+        reset_channels=True,
+    )  # fmt: skip
+    try:
+        scheme, rest = redis_url.split("://", 1)
+        hub = make_hub(sweep_s=0.1, read_url=f"{scheme}://{user}:{password}@{rest}")
+        _sub, sink = await hub.follow("a")
+        reader = hub.hub.readers[0]
+        await _until(lambda: reader.sweeps >= 10)  # a second: two reconnects, were it refused
+        ids = await hub.append("a", 2)
+        assert await sink.wait_for(2) == ids  # read at a sweep
+        assert reader.bell_connections == 1
+    finally:
+        redis_client.acl_deluser(user)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -63,37 +64,39 @@ def test_malformed_ids_are_refused() -> None:
             check_event_id(bad)
 
 
-def _bells(client: redis.Redis, channel: str) -> Callable[[], str | None]:
-    """Subscribe to ``channel``; a function that returns the next bell's data (None: none
+@contextlib.contextmanager
+def _bells(client: redis.Redis, channel: str) -> Iterator[Callable[[], str | None]]:
+    """Subscribed to ``channel``: a function that returns the next bell's data (None: none
     within the deadline)."""
     pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-    pubsub.subscribe(channel)
-    assert pubsub.get_message(timeout=BELL_DEADLINE_S) is None  # the confirmation, skipped
+    try:
+        pubsub.subscribe(channel)
+        assert pubsub.get_message(timeout=BELL_DEADLINE_S) is None  # the confirmation, skipped
 
-    def next_bell() -> str | None:
-        message = pubsub.get_message(timeout=BELL_DEADLINE_S)
-        return None if message is None else str(message["data"])
+        def next_bell() -> str | None:
+            message = pubsub.get_message(timeout=BELL_DEADLINE_S)
+            return None if message is None else str(message["data"])
 
-    return next_bell
+        yield next_bell
+    finally:
+        pubsub.close()
 
 
 BELL_DEADLINE_S = 5.0
 
 
-def test_every_append_rings_the_streams_bell_once_its_events_are_readable(
-    redis_client: redis.Redis, keys: RedisKeys
-) -> None:
+def test_every_append_rings_the_streams_bell(redis_client: redis.Redis, keys: RedisKeys) -> None:
     stream = EventStream(redis_client, keys)
     conv = f"conv_{uuid.uuid4().hex}"
-    next_bell = _bells(redis_client, keys.events_bell(conv))
+    with _bells(redis_client, keys.events_bell(conv)) as next_bell:
+        one = stream.append(conv, "text_delta", {"text": "a"}, turn_id="t1")
+        assert next_bell() is not None
+        assert [e.id for e in stream.read_after(conv, None)] == [one]
 
-    one = stream.append(conv, "text_delta", {"text": "a"}, turn_id="t1")
-    assert next_bell() is not None
-    assert [e.id for e in stream.read_after(conv, None)] == [one]
-
-    many = stream.append_many(conv, [("text_delta", {"text": "b"}), ("text_delta", {"text": "c"})])
-    assert len(many) == 2 and next_bell() is not None  # one bell for the batch
-    assert [e.id for e in stream.read_after(conv, one)] == many
+        pair = [("text_delta", {"text": "b"}), ("text_delta", {"text": "c"})]
+        many = stream.append_many(conv, pair)  # type: ignore[arg-type]
+        assert len(many) == 2 and next_bell() is not None
+        assert [e.id for e in stream.read_after(conv, one)] == many
 
 
 @pytest.mark.anyio
@@ -102,9 +105,10 @@ async def test_an_asyncio_append_rings_the_bell_too(redis_url: str, keys: RedisK
     sync_client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
         conv = f"conv_{uuid.uuid4().hex}"
-        next_bell = _bells(sync_client, keys.events_bell(conv))
-        event_id = await AsyncEventStream(client, keys).append(conv, "text_delta", {"text": "a"})
-        assert next_bell() is not None
+        with _bells(sync_client, keys.events_bell(conv)) as next_bell:
+            stream = AsyncEventStream(client, keys)
+            event_id = await stream.append(conv, "text_delta", {"text": "a"})
+            assert next_bell() is not None
         assert [e.id for e in EventStream(sync_client, keys).read_after(conv, None)] == [event_id]
     finally:
         await client.aclose()
