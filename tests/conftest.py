@@ -81,6 +81,22 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client.close()
 
 
+@pytest.fixture
+def channelless_redis_url(redis_url: str, redis_client: redis.Redis) -> Iterator[str]:
+    """``redis_url`` as a user allowed every key and command but no pub/sub channel (Redis
+    ACL); the user is deleted after the test."""
+    user, password = f"sb-nochannels-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    redis_client.acl_setuser(
+        user, enabled=True, passwords=[f"+{password}"], keys=["*"], commands=["+@all"],
+        reset_channels=True,
+    )  # fmt: skip
+    scheme, rest = redis_url.split("://", 1)
+    try:
+        yield f"{scheme}://{user}:{password}@{rest}"
+    finally:
+        redis_client.acl_deluser(user)
+
+
 def _database(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[str]:
     """A migrated database of its own: in the given PostgreSQL server, else a SQLite file."""
     with own_database(tmp_path_factory.mktemp(name), name) as url:
