@@ -360,10 +360,16 @@ def test_a_proposal_of_a_real_turn_is_delivered_to_its_proposal_created_webhook(
         resolved = json.loads(receiver.requests[1][1])
         assert resolved["kind"] == "proposal_resolved"
         assert resolved["data"] == {"proposal_id": proposal_id, "status": "applied"}
-        detail = http_calls.get(
-            f"{gateway.url}/api/webhooks/{webhook['id']}",
-            headers=_auth(token),
-        )
-        assert [d["status"] for d in detail.json()["deliveries"]] == ["delivered", "delivered"]
+
+        def statuses() -> list[str]:
+            detail = http_calls.get(
+                f"{gateway.url}/api/webhooks/{webhook['id']}", headers=_auth(token)
+            )
+            return [d["status"] for d in detail.json()["deliveries"]]
+
+        # The receiver records a request before it answers, and the deliverer marks the
+        # delivery after the answer: wait for the mark.
+        wait_for(lambda: "pending" not in statuses(), timeout_s=15, what="both deliveries marked")
+        assert statuses() == ["delivered", "delivered"]
     finally:
         receiver.stop()
