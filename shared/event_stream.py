@@ -107,6 +107,18 @@ def ring(pipe: Any, keys: RedisKeys, conversation_id: str) -> None:
     pipe.publish(keys.events_bell(conversation_id), BELL)
 
 
+_bells_failing = False  # this process's bells have failed (logged once, then at DEBUG)
+
+
+def _bell_failed(error: Exception) -> None:
+    """Log a failed bell: the first at WARNING, the rest at DEBUG. A refusal (an ACL without
+    the bells' channels) repeats on every append and would flood the log with one cause."""
+    global _bells_failing
+    level = logging.DEBUG if _bells_failing else logging.WARNING
+    _bells_failing = True
+    log.log(level, "an event stream's bell failed (relayed at the next sweep): %s", error)
+
+
 def appended(results: list[Any], appends: int) -> list[str]:
     """A pipeline's first ``appends`` results (its ``XADD``s: their ids), raising the error
     of one that failed. The bell's error after them (a user whose ACL refuses the channel)
@@ -117,7 +129,7 @@ def appended(results: list[Any], appends: int) -> list[str]:
             raise result
     for result in results[appends:]:
         if isinstance(result, Exception):
-            log.warning("an event stream's bell failed (relayed at the next sweep): %s", result)
+            _bell_failed(result)
     return [e.decode() if isinstance(e, bytes) else str(e) for e in results[:appends]]
 
 

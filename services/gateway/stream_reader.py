@@ -175,6 +175,10 @@ class StreamReader:
 
     def _ring(self, key: str) -> None:
         self._rung.add(key)
+        self._wake_reads()
+
+    def _wake_reads(self) -> None:
+        """End the reading loop's idle wait, if it waits."""
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -183,9 +187,7 @@ class StreamReader:
         """Every ``sweep_s``: the reading loop reads every stream and pings the bells."""
         self._sweeps = asyncio.get_running_loop().call_later(self._sweep_s, self._sweep)
         self._sweep_due = True
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._wake_reads()
 
     async def _ping_bells(self) -> None:
         """A word from the bell connection before its silence times out, or its failure."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -11,6 +12,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from signalbox.shared import event_stream
 from signalbox.shared.event_stream import (
     AsyncEventStream,
     EventStream,
@@ -115,9 +117,14 @@ async def test_an_asyncio_append_rings_the_bell_too(redis_url: str, keys: RedisK
         sync_client.close()
 
 
-def test_a_bell_refused_by_acl_stores_the_event_once_and_says_so(
-    channelless_redis_url: str, keys: RedisKeys, caplog: pytest.LogCaptureFixture
+def test_a_bell_refused_by_acl_stores_the_event_once_and_says_so_once(
+    channelless_redis_url: str,
+    keys: RedisKeys,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(event_stream, "_bells_failing", False)  # as a new process starts
+    caplog.set_level(logging.DEBUG, logger=event_stream.__name__)
     client = redis.Redis.from_url(channelless_redis_url)
     try:
         stream = EventStream(client, keys)
@@ -126,6 +133,7 @@ def test_a_bell_refused_by_acl_stores_the_event_once_and_says_so(
         pair = [("text_delta", {"text": "b"}), ("text_delta", {"text": "c"})]
         many = stream.append_many(conv, pair)  # type: ignore[arg-type]
         assert [e.id for e in stream.read_after(conv, None)] == [one, *many]
-        assert sum("bell failed" in r.getMessage() for r in caplog.records) == 2
+        failures = [r.levelno for r in caplog.records if "bell failed" in r.getMessage()]
+        assert failures == [logging.WARNING, logging.DEBUG]  # said once, not per append
     finally:
         client.close()
