@@ -108,6 +108,14 @@ def _lock(session: Session) -> Connection:
     return conn
 
 
+def take_lock(session: Session) -> None:
+    """Take the admission lock in ``session``'s transaction before a write that an admission
+    pass might wait on, when the pass itself comes later in the transaction: a transaction
+    that locks a turn's row first and the admission lock second can deadlock (PostgreSQL)
+    with a pass that holds the lock and marks that turn admitted. Taking it again is free."""
+    _lock(session)
+
+
 # Built once, the deployment bound: asked each time a turn ends.
 _ANYONE_WAITING = select(
     select(Turn.id)

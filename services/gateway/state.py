@@ -173,16 +173,23 @@ class Gateway:
         """Send ``orchestrator.run_turn(turn_id)``; blocking, for a worker thread."""
         send_run_turn(self.celery, turn_id)
 
-    def admit_and_send(self) -> list[str]:
-        """``admit_waiting_turns``, blocking, for a worker thread (committed before sending:
-        a turn admitted but never sent is found by the reconciler's next sweep)."""
-        limits = Limits.of(self.settings)
-        prefix = self.settings.redis_prefix
-        with self.sessions() as session:
-            admitted = admit(session, limits, prefix)
-            session.commit()
+    def admit(self, session: Session) -> list[str]:
+        """An admission pass in ``session``'s transaction; the caller commits, then sends
+        ``run_turn`` for each turn admitted (``send_admitted``)."""
+        return admit(session, Limits.of(self.settings), self.settings.redis_prefix)
+
+    def send_admitted(self, admitted: list[str]) -> None:
+        """``run_turn`` for each turn an admission pass admitted, after its commit (a turn
+        admitted but never sent is found by the reconciler's next sweep)."""
         for turn_id in admitted:
             self.send_run_turn(turn_id)
+
+    def admit_and_send(self) -> list[str]:
+        """``admit_waiting_turns``, blocking, for a worker thread."""
+        with self.sessions() as session:
+            admitted = self.admit(session)
+            session.commit()
+        self.send_admitted(admitted)
         return admitted
 
     async def admit_waiting_turns(self) -> list[str]:

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 import anyio.to_thread
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from signalbox.services.gateway.agents import bind_agent, check_bound_agent
@@ -31,6 +31,7 @@ from signalbox.services.gateway.quotas import Quotas
 from signalbox.services.gateway.state import Gateway
 from signalbox.services.gateway.uploads import owned_attachments
 from signalbox.services.gateway.workspaces import make_workspace_dir
+from signalbox.shared.admission import take_lock
 from signalbox.shared.db import Conversation, Turn, User
 from signalbox.shared.db.concurrency import lock_row
 from signalbox.shared.db.models import as_utc, now
@@ -79,6 +80,25 @@ _RESENT_TURN = (
 )
 
 
+# Built once, run as Core (``core``) on the path of every turn sent into a started
+# conversation: built at each call, the ORM statements cost more to compile than to run.
+_UNFINISHED_TURNS = (
+    select(Turn.id)
+    .where(
+        Turn.conversation_id == bindparam("conversation_id"),
+        Turn.status.in_(UNFINISHED),
+        Turn.parent_call_id.is_(None),
+    )
+    .order_by(Turn.seq)
+)
+_ASK_CANCEL = (
+    update(Turn)
+    .where(Turn.id.in_(bindparam("turn_ids", expanding=True)))
+    .values(cancel_requested=True)
+)
+_LAST_SEQ = select(func.max(Turn.seq)).where(Turn.conversation_id == bindparam("conversation_id"))
+
+
 def _existing_turn(session: Session, user_id: str, client_turn_id: str) -> Turn | None:
     turn_id = core(session).scalar(
         _RESENT_TURN, {"user_id": user_id, "client_turn_id": client_turn_id}
@@ -118,22 +138,17 @@ def _insert_turn(
             bind_agent(session, user_id, conversation, agent)  # its first turn: it starts now
         else:
             check_bound_agent(conversation, agent)
-    unfinished = session.scalars(
-        select(Turn).where(
-            Turn.conversation_id == conversation.id,
-            Turn.status.in_(UNFINISHED),
-            Turn.parent_call_id.is_(None),
-        )
-    ).all()
+    conn = core(session)
+    unfinished = list(conn.scalars(_UNFINISHED_TURNS, {"conversation_id": conversation.id}))
     interrupted: list[str] = []
     if unfinished and busy_policy == "reject":
-        raise TurnBusy(
-            f"conversation {conversation.id!r} has an unfinished turn {unfinished[0].id!r}"
-        )
+        raise TurnBusy(f"conversation {conversation.id!r} has an unfinished turn {unfinished[0]!r}")
     if unfinished and busy_policy == "interrupt":
-        for earlier in unfinished:
-            earlier.cancel_requested = True
-            interrupted.append(earlier.id)
+        # The admission pass later in this transaction may admit these turns (a cancel
+        # asked is admitted at once): its lock first, as every pass takes it before a turn's.
+        take_lock(session)
+        conn.execute(_ASK_CANCEL, {"turn_ids": unfinished})
+        interrupted = unfinished
     turn = _add_turn(
         session, user_id, conversation.id, text, client_turn_id, client_tools, deployment
     )
@@ -185,10 +200,7 @@ def _add_turn(
     (stored with the row, not set by an UPDATE after it). ``seq``: known already (1 in a
     conversation created in this transaction), else read."""
     if seq is None:
-        last_seq = session.scalar(
-            select(func.max(Turn.seq)).where(Turn.conversation_id == conversation_id)
-        )
-        seq = (last_seq or 0) + 1
+        seq = (core(session).scalar(_LAST_SEQ, {"conversation_id": conversation_id}) or 0) + 1
     turn = Turn(
         id=new_id("turn"),
         conversation_id=conversation_id,
@@ -230,12 +242,16 @@ def _store_and_send(
     """A turn's submission, blocking, in one worker thread (a thread hop each for the budget
     check, the insert, the admission pass and the Celery publish made most of the ``ack``).
 
-    In order: the budget check and ``insert`` in one transaction (the turn keeps the user's
-    own uploads it names, ``NotFound`` otherwise, nothing stored); then, for a new turn, the
+    In order: the budget check, ``insert`` and, for a new turn, an admission pass, in one
+    transaction (the turn keeps the user's own uploads it names, ``NotFound`` otherwise,
+    nothing stored; started now if its user's fair share allows, shared/admission.py,
+    otherwise it waits in SQL, holding nothing, until a slot frees); then the
     conversation's workspace directory, its ``conversation_created`` (a new one), the
-    cancels of turns it interrupts and its ``turn_queued``, in one pipeline; then an
-    admission pass and its ``run_turn`` messages, so ``turn_queued`` is in the stream
-    before any runner starts. Whatever fails after the commit leaves the turn stored, queued.
+    cancels of turns it interrupts and its ``turn_queued``, in one pipeline; then the
+    ``run_turn`` messages of the turns the pass admitted, so ``turn_queued`` is in the
+    stream before any runner starts. Whatever fails after the commit leaves the turn stored
+    (admitted or not): every orchestrator's reconciler sends what was admitted and not
+    started, and admits what waits, on each sweep.
     """
     now = gateway.clock()
     with gateway.sessions() as session:
@@ -246,8 +262,12 @@ def _store_and_send(
         attached = owned_attachments(session, user_id, upload_ids)
         inserted = insert(session)
         inserted.user_class = user_class(is_admin)
-        if inserted.created and attached:
-            inserted.turn.attachments = [a.upload_id for a in attached]
+        admitted: list[str] = []
+        if inserted.created:
+            if attached:
+                inserted.turn.attachments = [a.upload_id for a in attached]
+            # The pass sees the new turn (flushed by the insert) and any other that waits.
+            admitted = gateway.admit(session)
         session.commit()
     del user
     stored = _Stored(inserted)
@@ -281,13 +301,11 @@ def _store_and_send(
     # The run_turn message carries these ids to the orchestrator's log lines.
     with log_context(conversation_id=turn.conversation_id, turn_id=turn.id, user_id=user_id):
         try:
-            # Started now if its user's fair share allows (shared/admission.py); otherwise
-            # it waits in SQL, holding nothing, until a slot frees.
-            gateway.admit_and_send()
+            gateway.send_admitted(admitted)
         except Exception as exc:
-            # The turn stays queued in SQL; every orchestrator's reconciler admits waiting
-            # turns on each sweep, so a retry of the send is not needed.
-            log.error("could not admit or enqueue turn %s: %s", turn.id, exc)
+            # The turn stays queued in SQL; every orchestrator's reconciler sends admitted
+            # turns that never started on each sweep, so a retry of the send is not needed.
+            log.error("could not enqueue turn %s: %s", turn.id, exc)
             stored.enqueue_error = exc
         else:
             log.info("turn %s queued", turn.id)

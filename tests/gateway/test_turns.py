@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -10,16 +12,21 @@ from typing import Any
 import pytest
 import redis
 from celery.backends.base import DisabledBackend
-from sqlalchemy import event, select
+from sqlalchemy import event, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.services.gateway.state import Gateway
 from signalbox.services.gateway.turns import RESEND_AFTER_S
+from signalbox.shared.admission import take_lock
 from signalbox.shared.celery_app import ORCHESTRATOR_QUEUE
 from signalbox.shared.db import Conversation, ToolCall, Turn
+from signalbox.shared.db.models import now
+from signalbox.shared.ids import new_id
 from signalbox.shared.workspace_paths import workspace_dir
 from tests import http_calls
+from tests.databases import on_postgres
 from tests.gateway.conftest import (
+    RECV_TIMEOUT_S,
     LiveGateway,
     add_call,
     bearer,
@@ -275,3 +282,65 @@ async def test_decide_tool_records_once_announces_and_resumes(
         assert call is not None and call.decision == "deny"
     tasks = queued_turn_tasks(redis_client, gateway.keys)
     assert [args for _, args in tasks] == [[ack["turn_id"]], [ack["turn_id"]]]
+
+
+async def _a_backend_waits_for_a_lock(sessions: sessionmaker[Session]) -> None:
+    """Return once a session of this database waits for a lock (PostgreSQL)."""
+    query = text(
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    deadline = time.monotonic() + RECV_TIMEOUT_S
+    while True:
+        with sessions() as session:
+            if session.scalar(query):
+                return
+        assert time.monotonic() < deadline, "no session waited for a lock"
+        await asyncio.sleep(0.01)  # another process's progress: polled, with a deadline
+
+
+@pytest.mark.skipif(
+    not on_postgres(), reason="row locks are PostgreSQL's: SQLite locks the whole database"
+)
+async def test_an_interrupting_turn_takes_the_admission_lock_before_the_turn_it_cancels(
+    start_gateway: Callable[..., LiveGateway],
+    make_user: Users,
+    db_sessions: sessionmaker[Session],
+    conversation_of: Callable[[str], str],
+) -> None:
+    """An admission pass (an orchestrator's, a reconciler's) holds the admission lock and
+    marks a waiting turn admitted, while a turn sent under ``interrupt`` cancels that turn and
+    runs its own pass in the same transaction: the submission takes the lock before it locks
+    the turn it cancels, so it waits for the pass and both finish. Locking the turn first,
+    then waiting for the lock the pass holds, deadlocked them (PostgreSQL aborts one)."""
+    gateway = start_gateway(busy_policy="interrupt")
+    user_id, token = make_user()
+    conversation_id = conversation_of(user_id)
+    waiting = new_id("turn")
+    with db_sessions() as session:
+        session.add(
+            Turn(
+                id=waiting,
+                conversation_id=conversation_id,
+                user_id=user_id,
+                seq=1,
+                text="first",
+                deployment=gateway.settings.redis_prefix,
+            )
+        )
+        session.commit()
+    async with await connect(gateway, token) as ws:
+        with db_sessions() as a_pass:
+            take_lock(a_pass)
+            frame = {"type": "user_turn", "conversation_id": conversation_id, "text": "second"}
+            reply = asyncio.create_task(request(ws, frame))
+            await _a_backend_waits_for_a_lock(db_sessions)
+            a_pass.execute(update(Turn).where(Turn.id == waiting).values(admitted_at=now()))
+            a_pass.commit()
+        ack = await reply
+    assert ack["type"] == "ack", ack
+    with db_sessions() as session:
+        first = session.get(Turn, waiting)
+        assert first is not None and first.cancel_requested
+        second = session.get(Turn, ack["turn_id"])
+        assert second is not None and second.seq == 2
