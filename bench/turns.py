@@ -282,7 +282,7 @@ def stop_runtime(runtime: Runtime) -> None:
 
 def queued_turn(env: BenchEnv, user_id: str) -> str:
     """A new conversation with one queued turn, as the gateway leaves it when it sends
-    ``run_turn``: stored, and given its slot by the admission pass after the insert
+    ``run_turn``: stored, and given its slot by the admission pass in the insert's transaction
     (``shared/admission.py``; the user runs one turn at a time, so a slot is free). Stored
     admitted in one transaction: a pass of the stack sharing this database (the ``turn``
     benchmark's) must not admit and send it to its own orchestrator meanwhile."""

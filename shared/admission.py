@@ -29,8 +29,10 @@ A slot that frees with nobody waiting needs no pass: ``anyone_waiting`` (one ind
 ``EXISTS``, no lock) says so, and the orchestrator skips the pass after a turn ends or
 parks when it is false. That never strands a turn: the check runs after the commit that
 freed the slot, so a turn stored after the check is stored after the slot was free, and
-the gateway's own pass after its insert (or, failing that, the reconciler's sweep)
-admits it; a turn stored before the check is seen by it, and the pass runs.
+the gateway's own pass admits it (or, failing that, the reconciler's sweep); a turn stored
+before the check is seen by it, and the pass runs. The gateway's pass runs in the insert's
+transaction, which may have read the slots before that commit freed one: a turn that pass
+left waiting gets a second pass after its own commit.
 """
 
 from __future__ import annotations

@@ -253,7 +253,8 @@ def _store_and_send(
     conversation's workspace directory, its ``conversation_created`` (a new one), the
     cancels of turns it interrupts and its ``turn_queued``, in one pipeline; then the
     ``run_turn`` messages of the turns the pass admitted, so ``turn_queued`` is in the
-    stream before any runner starts. Whatever fails after the commit leaves the turn stored
+    stream before any runner starts, and, if the pass left the new turn waiting, a second
+    pass after the commit. Whatever fails after the commit leaves the turn stored
     (admitted or not): every orchestrator's reconciler sends what was admitted and not
     started, and admits what waits, on each sweep.
     """
@@ -310,6 +311,11 @@ def _store_and_send(
     with log_context(conversation_id=turn.conversation_id, turn_id=turn.id, user_id=user_id):
         try:
             gateway.send_admitted(admitted)
+            if turn.id not in admitted:
+                # The pass ran before this transaction's commit: a slot freed by a commit in
+                # between, whose runner saw no turn waiting (``anyone_waiting``), is this
+                # pass's to give (shared/admission.py).
+                gateway.admit_and_send()
         except Exception as exc:
             # The turn stays queued in SQL; every orchestrator's reconciler sends admitted
             # turns that never started on each sweep, so a retry of the send is not needed.

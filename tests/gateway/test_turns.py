@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import anyio.to_thread
 import pytest
 import redis
 from celery.backends.base import DisabledBackend
@@ -17,11 +19,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.services.gateway.state import Gateway
 from signalbox.services.gateway.turns import RESEND_AFTER_S
-from signalbox.shared.admission import take_lock
+from signalbox.shared.admission import anyone_waiting, take_lock
 from signalbox.shared.celery_app import ORCHESTRATOR_QUEUE
 from signalbox.shared.db import Conversation, ToolCall, Turn
 from signalbox.shared.db.models import now
 from signalbox.shared.ids import new_id
+from signalbox.shared.statuses import TurnState
 from signalbox.shared.workspace_paths import workspace_dir
 from tests import http_calls
 from tests.databases import on_postgres
@@ -344,3 +347,72 @@ async def test_an_interrupting_turn_takes_the_admission_lock_before_the_turn_it_
         assert first is not None and first.cancel_requested
         second = session.get(Turn, ack["turn_id"])
         assert second is not None and second.seq == 2
+
+
+@pytest.mark.skipif(
+    not on_postgres(),
+    reason="SQLite's one write lock orders a freed slot and a submission: no window between",
+)
+async def test_a_turn_its_pass_left_waiting_gets_a_slot_freed_before_its_commit(
+    start_gateway: Callable[..., LiveGateway],
+    make_user: Users,
+    db_sessions: sessionmaker[Session],
+    conversation_of: Callable[[str], str],
+    redis_client: redis.Redis,
+) -> None:
+    """A submission's admission pass runs inside its transaction, before the commit. A slot
+    freed between the two, by a runner that then finds no turn waiting (``anyone_waiting``
+    cannot see the uncommitted turn, so that runner skips its pass), would be nobody's to
+    give until the reconciler's sweep: the gateway passes again after its commit when its
+    own pass left the turn waiting."""
+    gateway = start_gateway(max_running_turns_per_user=1)
+    prefix = gateway.settings.redis_prefix
+    user_id, token = make_user()
+    busy, idle = conversation_of(user_id), conversation_of(user_id)
+    running = new_id("turn")
+    with db_sessions() as session:
+        session.add(
+            Turn(
+                id=running,
+                conversation_id=busy,
+                user_id=user_id,
+                seq=1,
+                text="holds the user's one slot",
+                status=TurnState.RUNNING,
+                admitted_at=now(),
+                deployment=prefix,
+            )
+        )
+        session.commit()
+    state: Gateway = gateway.app.state.gateway
+    paused, resume = threading.Event(), threading.Event()
+
+    def hold(_session: Session) -> None:  # the submission's commit, after its pass
+        if not paused.is_set():
+            paused.set()
+            assert resume.wait(RECV_TIMEOUT_S)
+
+    async with await connect(gateway, token) as ws:
+        event.listen(state.sessions, "before_commit", hold)
+        try:
+            frame = {"type": "user_turn", "conversation_id": idle, "text": "next"}
+            reply = asyncio.create_task(request(ws, frame))
+            assert await anyio.to_thread.run_sync(paused.wait, RECV_TIMEOUT_S)
+            with db_sessions() as session:  # the running turn ends; its runner looks
+                session.execute(
+                    update(Turn).where(Turn.id == running).values(status=TurnState.COMPLETED)
+                )
+                session.commit()
+                assert not anyone_waiting(session, prefix)
+            resume.set()
+            ack = await reply
+        finally:
+            resume.set()
+            event.remove(state.sessions, "before_commit", hold)
+    assert ack["type"] == "ack", ack
+    with db_sessions() as session:
+        turn = session.get(Turn, ack["turn_id"])
+        assert turn is not None and turn.admitted_at is not None
+    assert ("orchestrator.run_turn", [ack["turn_id"]]) in queued_turn_tasks(
+        redis_client, gateway.keys
+    )
