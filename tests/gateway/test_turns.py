@@ -387,12 +387,19 @@ async def test_a_turn_its_pass_left_waiting_gets_a_slot_freed_before_its_commit(
     state: Gateway = gateway.app.state.gateway
     paused, resume = threading.Event(), threading.Event()
 
-    def hold(_session: Session) -> None:  # the submission's commit, after its pass
-        if not paused.is_set():
+    def inserting(conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if statement.startswith("INSERT INTO turns"):
+            conn.info["turn_inserted"] = True
+
+    def hold(session: Session) -> None:
+        # The submission's commit, after its pass; not another commit of the gateway's (its
+        # webhook deliverer's, say).
+        if session.connection().info.pop("turn_inserted", False) and not paused.is_set():
             paused.set()
             assert resume.wait(RECV_TIMEOUT_S)
 
     async with await connect(gateway, token) as ws:
+        event.listen(state.engine, "before_cursor_execute", inserting)
         event.listen(state.sessions, "before_commit", hold)
         try:
             frame = {"type": "user_turn", "conversation_id": idle, "text": "next"}
@@ -409,6 +416,7 @@ async def test_a_turn_its_pass_left_waiting_gets_a_slot_freed_before_its_commit(
         finally:
             resume.set()
             event.remove(state.sessions, "before_commit", hold)
+            event.remove(state.engine, "before_cursor_execute", inserting)
     assert ack["type"] == "ack", ack
     with db_sessions() as session:
         turn = session.get(Turn, ack["turn_id"])
