@@ -246,8 +246,10 @@ def add_turn(
     conversation_id: str,
     status: str,
     parent_call_id: str | None = None,
+    **fields: Any,
 ) -> str:
-    """A turn row in ``status``, as the orchestrator leaves it (nothing enqueued)."""
+    """A turn row in ``status``, as the orchestrator leaves it (nothing enqueued); ``fields``:
+    other columns (``deployment``, ``admitted_at``...)."""
     with sessions() as session:
         turn = Turn(
             id=new_id("turn"),
@@ -257,6 +259,7 @@ def add_turn(
             text="go",
             status=status,
             parent_call_id=parent_call_id,
+            **fields,
         )
         session.add(turn)
         session.commit()

@@ -23,7 +23,6 @@ from signalbox.shared.admission import anyone_waiting, take_lock
 from signalbox.shared.celery_app import ORCHESTRATOR_QUEUE
 from signalbox.shared.db import Conversation, ToolCall, Turn
 from signalbox.shared.db.models import now
-from signalbox.shared.ids import new_id
 from signalbox.shared.statuses import TurnState
 from signalbox.shared.workspace_paths import workspace_dir
 from tests import http_calls
@@ -32,6 +31,7 @@ from tests.gateway.conftest import (
     RECV_TIMEOUT_S,
     LiveGateway,
     add_call,
+    add_turn,
     bearer,
     connect,
     events_until,
@@ -319,19 +319,13 @@ async def test_an_interrupting_turn_takes_the_admission_lock_before_the_turn_it_
     gateway = start_gateway(busy_policy="interrupt")
     user_id, token = make_user()
     conversation_id = conversation_of(user_id)
-    waiting = new_id("turn")
-    with db_sessions() as session:
-        session.add(
-            Turn(
-                id=waiting,
-                conversation_id=conversation_id,
-                user_id=user_id,
-                seq=1,
-                text="first",
-                deployment=gateway.settings.redis_prefix,
-            )
-        )
-        session.commit()
+    waiting = add_turn(
+        db_sessions,
+        user_id,
+        conversation_id,
+        TurnState.QUEUED,
+        deployment=gateway.settings.redis_prefix,
+    )
     async with await connect(gateway, token) as ws:
         with db_sessions() as a_pass:
             take_lock(a_pass)
@@ -369,21 +363,10 @@ async def test_a_turn_its_pass_left_waiting_gets_a_slot_freed_before_its_commit(
     prefix = gateway.settings.redis_prefix
     user_id, token = make_user()
     busy, idle = conversation_of(user_id), conversation_of(user_id)
-    running = new_id("turn")
-    with db_sessions() as session:
-        session.add(
-            Turn(
-                id=running,
-                conversation_id=busy,
-                user_id=user_id,
-                seq=1,
-                text="holds the user's one slot",
-                status=TurnState.RUNNING,
-                admitted_at=now(),
-                deployment=prefix,
-            )
-        )
-        session.commit()
+    # It holds the user's one slot.
+    running = add_turn(
+        db_sessions, user_id, busy, TurnState.RUNNING, admitted_at=now(), deployment=prefix
+    )
     state: Gateway = gateway.app.state.gateway
     paused, resume = threading.Event(), threading.Event()
 
