@@ -202,7 +202,9 @@ def test_cancel_mid_stream_keeps_the_partial_text(
 
     assert h.data("assistant_message") == [{"text": "Half an ans"}]
     with h.sessions() as s:
-        stored = s.scalars(select(Message).where(Message.turn_id == turn_id)).all()
+        stored = s.scalars(
+            select(Message).where(Message.turn_id == turn_id).order_by(Message.seq)
+        ).all()
     assert [m.role for m in stored] == ["user", "assistant"]
 
 
