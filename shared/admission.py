@@ -30,9 +30,10 @@ A slot that frees with nobody waiting needs no pass: ``anyone_waiting`` (one ind
 parks when it is false. That never strands a turn: the check runs after the commit that
 freed the slot, so a turn stored after the check is stored after the slot was free, and
 the gateway's own pass admits it (or, failing that, the reconciler's sweep); a turn stored
-before the check is seen by it, and the pass runs. The gateway's pass runs in the insert's
-transaction, which may have read the slots before that commit freed one: a turn that pass
-left waiting gets a second pass after its own commit.
+before the check is seen by it, and the pass runs. The gateway's first pass runs in the
+insert's transaction when the admission lock is free at once (``admit_if_free``), and may
+have read the slots before that commit freed one: a turn it did not admit (or that had no
+such pass) gets one after its own commit.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, and_, bindparam, exists, func, select, update
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, aliased
 
 from signalbox.shared.db import AdmissionLock, Turn, UserLimits
@@ -110,12 +112,28 @@ def _lock(session: Session) -> Connection:
     return conn
 
 
-def take_lock(session: Session) -> None:
-    """Take the admission lock in ``session``'s transaction before a write that an admission
-    pass might wait on, when the pass itself comes later in the transaction: a transaction
-    that locks a turn's row first and the admission lock second can deadlock (PostgreSQL)
-    with a pass that holds the lock and marks that turn admitted. Taking it again is free."""
-    _lock(session)
+# PostgreSQL's error when ``NOWAIT`` finds the row locked (lock_not_available).
+_LOCK_NOT_AVAILABLE = "55P03"
+_TRY_LOCK = select(AdmissionLock.id).where(AdmissionLock.id == 1).with_for_update(nowait=True)
+
+
+def admit_if_free(session: Session, limits: Limits, deployment: str) -> list[str] | None:
+    """``admit`` in ``session``'s transaction if the admission lock is free at once, else
+    None and nothing done: for a transaction that already holds other rows' locks (the
+    gateway's insert of a turn holds its conversation's, a first turn its user's), which
+    must not wait for the admission lock while holding them, since a pass that holds it may
+    wait on a row whose holder waits on theirs. On PostgreSQL the lock is tried with
+    ``NOWAIT`` in a savepoint; SQLite's transaction has written already, so it holds the
+    database's one write lock and the pass waits on nobody."""
+    if session.get_bind().dialect.name == "postgresql":
+        try:
+            with session.begin_nested():
+                core(session).execute(_TRY_LOCK)
+        except OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+                raise
+            return None
+    return admit(session, limits, deployment)
 
 
 # Built once, the deployment bound: asked each time a turn ends.

@@ -27,7 +27,7 @@ from signalbox.services.gateway.quotas import Quotas
 from signalbox.services.gateway.rate_limit import RateLimits
 from signalbox.services.gateway.relay import RELAY_SOCKET_TIMEOUT_S, RelayHub
 from signalbox.services.gateway.socket_clock import SocketClock, slot_for
-from signalbox.shared.admission import Limits, admit
+from signalbox.shared.admission import Limits, admit, admit_if_free
 from signalbox.shared.celery_app import make_celery, send_run_turn
 from signalbox.shared.db import make_engine, make_session_factory
 from signalbox.shared.db.session import reading
@@ -173,21 +173,24 @@ class Gateway:
         """Send ``orchestrator.run_turn(turn_id)``; blocking, for a worker thread."""
         send_run_turn(self.celery, turn_id)
 
-    def admit(self, session: Session) -> list[str]:
-        """An admission pass in ``session``'s transaction; the caller commits, then sends
+    def admit_if_free(self, session: Session) -> list[str] | None:
+        """An admission pass in ``session``'s transaction if the admission lock is free at
+        once, else None (``shared/admission.py``); the caller commits, then sends
         ``run_turn`` for each turn admitted (``send_admitted``)."""
-        return admit(session, Limits.of(self.settings), self.settings.redis_prefix)
+        return admit_if_free(session, Limits.of(self.settings), self.settings.redis_prefix)
 
     def send_admitted(self, admitted: list[str]) -> None:
         """``run_turn`` for each turn an admission pass admitted, after its commit (a turn
-        admitted but never sent is found by the reconciler's next sweep)."""
+        admitted and never sent is sent again by a reconciler's sweep once it has been
+        queued ``stale_queued_s``)."""
         for turn_id in admitted:
             self.send_run_turn(turn_id)
 
     def admit_and_send(self) -> list[str]:
         """``admit_waiting_turns``, blocking, for a worker thread."""
+        limits, prefix = Limits.of(self.settings), self.settings.redis_prefix
         with self.sessions() as session:
-            admitted = self.admit(session)
+            admitted = admit(session, limits, prefix)
             session.commit()
         self.send_admitted(admitted)
         return admitted

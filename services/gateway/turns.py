@@ -31,7 +31,6 @@ from signalbox.services.gateway.quotas import Quotas
 from signalbox.services.gateway.state import Gateway
 from signalbox.services.gateway.uploads import owned_attachments
 from signalbox.services.gateway.workspaces import make_workspace_dir
-from signalbox.shared.admission import take_lock
 from signalbox.shared.db import Conversation, Turn, User
 from signalbox.shared.db.concurrency import lock_row
 from signalbox.shared.db.models import as_utc, now
@@ -148,9 +147,8 @@ def _insert_turn(
     if unfinished and busy_policy == "reject":
         raise TurnBusy(f"conversation {conversation.id!r} has an unfinished turn {unfinished[0]!r}")
     if unfinished and busy_policy == "interrupt":
-        # The admission pass later in this transaction may admit these turns (a cancel
-        # asked is admitted at once): its lock first, as every pass takes it before a turn's.
-        take_lock(session)
+        # Row locks on these turns, which a pass may be waiting for: this transaction runs
+        # no pass of its own (``_store_and_send``), so it never waits for a pass in turn.
         conn.execute(_ASK_CANCEL, {"turn_ids": unfinished})
         interrupted = unfinished
     turn = _add_turn(
@@ -246,17 +244,19 @@ def _store_and_send(
     """A turn's submission, blocking, in one worker thread (a thread hop each for the budget
     check, the insert, the admission pass and the Celery publish made most of the ``ack``).
 
-    In order: the budget check, ``insert`` and, for a new turn, an admission pass, in one
-    transaction (the turn keeps the user's own uploads it names, ``NotFound`` otherwise,
-    nothing stored; started now if its user's fair share allows, shared/admission.py,
-    otherwise it waits in SQL, holding nothing, until a slot frees); then the
-    conversation's workspace directory, its ``conversation_created`` (a new one), the
-    cancels of turns it interrupts and its ``turn_queued``, in one pipeline; then the
-    ``run_turn`` messages of the turns the pass admitted, so ``turn_queued`` is in the
-    stream before any runner starts, and, if the pass left the new turn waiting, a second
-    pass after the commit. Whatever fails after the commit leaves the turn stored
-    (admitted or not): every orchestrator's reconciler sends what was admitted and not
-    started, and admits what waits, on each sweep.
+    In order: the budget check, ``insert`` and, for a new turn, an admission pass if the
+    admission lock is free at once and the turn interrupts none, in one transaction (the
+    turn keeps the user's own uploads it names, ``NotFound`` otherwise, nothing stored;
+    started now if its user's fair share allows, shared/admission.py, otherwise it waits in
+    SQL, holding nothing, until a slot frees); then the conversation's workspace
+    directory, its ``conversation_created`` (a new one), the cancels of turns it interrupts
+    and its ``turn_queued``, in one pipeline; then the ``run_turn`` messages of the turns
+    the pass admitted, so ``turn_queued`` is in the stream before any runner starts, and,
+    unless the pass admitted the new turn, a pass after the commit (the lock was busy, or
+    a slot may have freed since the pass read them). Whatever fails after the commit
+    leaves the turn stored: a waiting one is admitted by a reconciler's next sweep, an
+    admitted one that never started is sent again once it has been queued
+    ``stale_queued_s``; what the pass admitted is sent even when the appends fail.
     """
     now = gateway.clock()
     with gateway.sessions() as session:
@@ -275,16 +275,54 @@ def _store_and_send(
                     _ATTACH,
                     {"turn_id": inserted.turn.id, "attachments": inserted.turn.attachments},
                 )
-            # The pass sees the new turn (flushed by the insert) and any other that waits.
-            admitted = gateway.admit(session)
+            if not inserted.interrupted:
+                # Sees the new turn (flushed by the insert) and any other that waits.
+                admitted = gateway.admit_if_free(session) or []
         session.commit()
     del user
     stored = _Stored(inserted)
     if not inserted.created:
         return stored
-    turn, conversation = inserted.turn, inserted.conversation
+    turn = inserted.turn
     if attached:
         queued["attachments"] = [a.model_dump(mode="json") for a in attached]
+    try:
+        stored.queued_event_id = _announce(gateway, inserted, user_id, queued)
+    except Exception:
+        # Committed: the turns the pass admitted hold their slots. Sent now (this one
+        # without its turn_queued, as a sweep would start it later) rather than after
+        # ``stale_queued_s``.
+        try:
+            gateway.send_admitted(admitted)
+        except Exception as exc:
+            log.error("could not enqueue turns %s: %s", admitted, exc)
+        raise
+    gateway.metrics.turns_queued.labels(inserted.user_class).inc()
+    # The run_turn message carries these ids to the orchestrator's log lines.
+    with log_context(conversation_id=turn.conversation_id, turn_id=turn.id, user_id=user_id):
+        try:
+            gateway.send_admitted(admitted)
+            if turn.id not in admitted:
+                # No pass gave it a slot in the transaction (the lock was busy, the turn
+                # interrupts others, or its user had none free then): one now. A slot freed
+                # by a commit since the first pass, whose runner saw no turn waiting
+                # (``anyone_waiting``), is this pass's to give (shared/admission.py).
+                gateway.admit_and_send()
+        except Exception as exc:
+            # The turn stays in SQL: a reconciler's sweep admits it if it waits, and sends
+            # it again once queued ``stale_queued_s`` if it was admitted.
+            log.error("could not admit or enqueue turn %s: %s", turn.id, exc)
+            stored.enqueue_error = exc
+        else:
+            log.info("turn %s queued", turn.id)
+    return stored
+
+
+def _announce(gateway: Gateway, inserted: _Inserted, user_id: str, queued: dict[str, Any]) -> str:
+    """A stored turn's workspace directory (a new conversation's), ``conversation_created``,
+    the cancels of the turns it interrupts and ``turn_queued``, in one pipeline; returns
+    ``turn_queued``'s event id."""
+    turn, conversation = inserted.turn, inserted.conversation
     pipe = gateway.thread_redis.pipeline(transaction=False)
     if conversation is not None:
         make_workspace_dir(gateway.settings.workspaces_root, user_id, conversation.workspace)
@@ -305,25 +343,7 @@ def _store_and_send(
     ring(pipe, gateway.keys, turn.conversation_id)
     results = pipe.execute(raise_on_error=False)
     # Any error raised but the bell's; turn_queued's id is the result before the bell's.
-    stored.queued_event_id = appended(results, len(results) - 1)[-1]
-    gateway.metrics.turns_queued.labels(inserted.user_class).inc()
-    # The run_turn message carries these ids to the orchestrator's log lines.
-    with log_context(conversation_id=turn.conversation_id, turn_id=turn.id, user_id=user_id):
-        try:
-            gateway.send_admitted(admitted)
-            if turn.id not in admitted:
-                # The pass ran before this transaction's commit: a slot freed by a commit in
-                # between, whose runner saw no turn waiting (``anyone_waiting``), is this
-                # pass's to give (shared/admission.py).
-                gateway.admit_and_send()
-        except Exception as exc:
-            # The turn stays queued in SQL; every orchestrator's reconciler sends admitted
-            # turns that never started on each sweep, so a retry of the send is not needed.
-            log.error("could not enqueue turn %s: %s", turn.id, exc)
-            stored.enqueue_error = exc
-        else:
-            log.info("turn %s queued", turn.id)
-    return stored
+    return appended(results, len(results) - 1)[-1]
 
 
 def client_tools_json(specs: Sequence[ClientToolSpec] | None) -> list[dict[str, Any]] | None:

@@ -19,9 +19,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from signalbox.services.gateway.state import Gateway
 from signalbox.services.gateway.turns import RESEND_AFTER_S
-from signalbox.shared.admission import anyone_waiting, take_lock
+from signalbox.shared.admission import anyone_waiting
 from signalbox.shared.celery_app import ORCHESTRATOR_QUEUE
-from signalbox.shared.db import Conversation, ToolCall, Turn
+from signalbox.shared.db import AdmissionLock, Conversation, ToolCall, Turn
 from signalbox.shared.db.models import now
 from signalbox.shared.statuses import TurnState
 from signalbox.shared.workspace_paths import workspace_dir
@@ -302,20 +302,28 @@ async def _a_backend_waits_for_a_lock(sessions: sessionmaker[Session]) -> None:
         await asyncio.sleep(0.01)  # another process's progress: polled, with a deadline
 
 
+def _hold_admission_lock(session: Session) -> None:
+    """Take the admission lock in ``session``'s transaction, as a pass does first."""
+    session.execute(
+        update(AdmissionLock).where(AdmissionLock.id == 1).values(passes=AdmissionLock.passes + 1)
+    )
+
+
 @pytest.mark.skipif(
     not on_postgres(), reason="row locks are PostgreSQL's: SQLite locks the whole database"
 )
-async def test_an_interrupting_turn_takes_the_admission_lock_before_the_turn_it_cancels(
+async def test_an_interrupting_turn_and_a_pass_admitting_the_turn_it_cancels_both_finish(
     start_gateway: Callable[..., LiveGateway],
     make_user: Users,
     db_sessions: sessionmaker[Session],
     conversation_of: Callable[[str], str],
 ) -> None:
     """An admission pass (an orchestrator's, a reconciler's) holds the admission lock and
-    marks a waiting turn admitted, while a turn sent under ``interrupt`` cancels that turn and
-    runs its own pass in the same transaction: the submission takes the lock before it locks
-    the turn it cancels, so it waits for the pass and both finish. Locking the turn first,
-    then waiting for the lock the pass holds, deadlocked them (PostgreSQL aborts one)."""
+    marks a waiting turn admitted, while a turn sent under ``interrupt`` cancels that turn:
+    the submission runs no pass in the transaction that locks the turns it cancels, so it
+    never waits for the pass's lock while holding a row the pass needs, and both finish. A
+    pass in that transaction, waiting for the lock, deadlocked them (PostgreSQL aborts one:
+    the user's turn refused ``internal``)."""
     gateway = start_gateway(busy_policy="interrupt")
     user_id, token = make_user()
     conversation_id = conversation_of(user_id)
@@ -328,7 +336,7 @@ async def test_an_interrupting_turn_takes_the_admission_lock_before_the_turn_it_
     )
     async with await connect(gateway, token) as ws:
         with db_sessions() as a_pass:
-            take_lock(a_pass)
+            _hold_admission_lock(a_pass)
             frame = {"type": "user_turn", "conversation_id": conversation_id, "text": "second"}
             reply = asyncio.create_task(request(ws, frame))
             await _a_backend_waits_for_a_lock(db_sessions)
@@ -341,6 +349,47 @@ async def test_an_interrupting_turn_takes_the_admission_lock_before_the_turn_it_
         assert first is not None and first.cancel_requested
         second = session.get(Turn, ack["turn_id"])
         assert second is not None and second.seq == 2
+
+
+@pytest.mark.skipif(
+    not on_postgres(), reason="row locks are PostgreSQL's: SQLite locks the whole database"
+)
+async def test_a_busy_admission_lock_does_not_hold_a_turns_insert(
+    start_gateway: Callable[..., LiveGateway],
+    make_user: Users,
+    db_sessions: sessionmaker[Session],
+    redis_client: redis.Redis,
+) -> None:
+    """The submission's pass inside its transaction runs only if the admission lock is free
+    at once: while a pass holds it, the turn is committed (its conversation's lock, and a
+    first turn's user's, let go) and waits for the pass after the commit, which admits it
+    once the lock frees. Waiting inside the transaction held those rows for as long as the
+    pass ran, and a pass can wait on a row whose holder waits on them."""
+    gateway = start_gateway()
+    user_id, token = make_user()
+    async with await connect(gateway, token) as ws:
+        with db_sessions() as a_pass:
+            _hold_admission_lock(a_pass)
+            frame = {"type": "user_turn", "conversation_id": None, "text": "go"}
+            reply = asyncio.create_task(request(ws, frame))
+            deadline = time.monotonic() + RECV_TIMEOUT_S
+            while True:  # the turn's insert commits while the lock is held
+                with db_sessions() as session:
+                    stored = session.scalar(select(Turn).where(Turn.user_id == user_id))
+                if stored is not None:
+                    break
+                assert time.monotonic() < deadline, "the turn's insert waited for the lock"
+                await asyncio.sleep(0.01)  # another process's progress: polled, with a deadline
+            assert stored.admitted_at is None
+            a_pass.commit()
+        ack = await reply
+    assert ack["type"] == "ack", ack
+    with db_sessions() as session:
+        turn = session.get(Turn, ack["turn_id"])
+        assert turn is not None and turn.admitted_at is not None
+    assert ("orchestrator.run_turn", [ack["turn_id"]]) in queued_turn_tasks(
+        redis_client, gateway.keys
+    )
 
 
 @pytest.mark.skipif(
@@ -374,15 +423,21 @@ async def test_a_turn_its_pass_left_waiting_gets_a_slot_freed_before_its_commit(
         if statement.startswith("INSERT INTO turns"):
             conn.info["turn_inserted"] = True
 
+    def rolled_back(conn: Any) -> None:  # an insert undone: not the submission's commit
+        conn.info.pop("turn_inserted", None)
+
     def hold(session: Session) -> None:
-        # The submission's commit, after its pass; not another commit of the gateway's (its
-        # webhook deliverer's, say).
+        # The submission's commit, after its pass: not a savepoint's release (the pass's
+        # try of the lock), nor another commit of the gateway's (its webhook deliverer's).
+        if session.in_nested_transaction():
+            return
         if session.connection().info.pop("turn_inserted", False) and not paused.is_set():
             paused.set()
             assert resume.wait(RECV_TIMEOUT_S)
 
     async with await connect(gateway, token) as ws:
         event.listen(state.engine, "before_cursor_execute", inserting)
+        event.listen(state.engine, "rollback", rolled_back)
         event.listen(state.sessions, "before_commit", hold)
         try:
             frame = {"type": "user_turn", "conversation_id": idle, "text": "next"}
@@ -400,6 +455,7 @@ async def test_a_turn_its_pass_left_waiting_gets_a_slot_freed_before_its_commit(
             resume.set()
             event.remove(state.sessions, "before_commit", hold)
             event.remove(state.engine, "before_cursor_execute", inserting)
+            event.remove(state.engine, "rollback", rolled_back)
     assert ack["type"] == "ack", ack
     with db_sessions() as session:
         turn = session.get(Turn, ack["turn_id"])
