@@ -30,10 +30,9 @@ A slot that frees with nobody waiting needs no pass: ``anyone_waiting`` (one ind
 parks when it is false. That never strands a turn: the check runs after the commit that
 freed the slot, so a turn stored after the check is stored after the slot was free, and
 the gateway's own pass admits it (or, failing that, the reconciler's sweep); a turn stored
-before the check is seen by it, and the pass runs. The gateway's first pass runs in the
-insert's transaction when the admission lock is free at once (``admit_if_free``), and may
-have read the slots before that commit freed one: a turn it did not admit (or that had no
-such pass) gets one after its own commit.
+before the check is seen by it, and the pass runs. On SQLite the gateway's pass runs in the
+insert's transaction (``admit_in_writer``), whose write lock keeps any slot from freeing
+between the pass and its commit; on PostgreSQL it runs after the commit.
 """
 
 from __future__ import annotations
@@ -45,7 +44,6 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, and_, bindparam, exists, func, select, update
-from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, aliased
 
 from signalbox.shared.db import AdmissionLock, Turn, UserLimits
@@ -112,27 +110,21 @@ def _lock(session: Session) -> Connection:
     return conn
 
 
-# PostgreSQL's error when ``NOWAIT`` finds the row locked (lock_not_available).
-_LOCK_NOT_AVAILABLE = "55P03"
-_TRY_LOCK = select(AdmissionLock.id).where(AdmissionLock.id == 1).with_for_update(nowait=True)
+def admit_in_writer(session: Session, limits: Limits, deployment: str) -> list[str] | None:
+    """``admit`` in the transaction of a caller that has written already and holds other
+    rows' locks (the gateway's insert of a turn: its conversation's, a first turn's user's),
+    where the database allows it without waiting; else None and nothing done, for a pass
+    after the caller's commit.
 
-
-def admit_if_free(session: Session, limits: Limits, deployment: str) -> list[str] | None:
-    """``admit`` in ``session``'s transaction if the admission lock is free at once, else
-    None and nothing done: for a transaction that already holds other rows' locks (the
-    gateway's insert of a turn holds its conversation's, a first turn its user's), which
-    must not wait for the admission lock while holding them, since a pass that holds it may
-    wait on a row whose holder waits on theirs. On PostgreSQL the lock is tried with
-    ``NOWAIT`` in a savepoint; SQLite's transaction has written already, so it holds the
-    database's one write lock and the pass waits on nobody."""
-    if session.get_bind().dialect.name == "postgresql":
-        try:
-            with session.begin_nested():
-                core(session).execute(_TRY_LOCK)
-        except OperationalError as exc:
-            if getattr(exc.orig, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
-                raise
-            return None
+    SQLite: the transaction holds the database's one write lock, so the pass waits on
+    nobody, and no other transaction commits between the pass and the caller's commit (a
+    slot freed after it is freed after the turn is visible to ``anyone_waiting``).
+    PostgreSQL: None. There the admission lock is a row lock, held by a pass while it
+    updates turns; waiting for it while holding rows a pass's holder may wait on can
+    deadlock, and trying it (``NOWAIT`` in a savepoint) cost more under a burst of turns
+    than the transaction it saved (bench/analysis.md, "Issue 20, eighteenth pass")."""
+    if session.get_bind().dialect.name != "sqlite":
+        return None
     return admit(session, limits, deployment)
 
 

@@ -27,7 +27,7 @@ from signalbox.services.gateway.quotas import Quotas
 from signalbox.services.gateway.rate_limit import RateLimits
 from signalbox.services.gateway.relay import RELAY_SOCKET_TIMEOUT_S, RelayHub
 from signalbox.services.gateway.socket_clock import SocketClock, slot_for
-from signalbox.shared.admission import Limits, admit, admit_if_free
+from signalbox.shared.admission import Limits, admit, admit_in_writer
 from signalbox.shared.celery_app import make_celery, send_run_turn
 from signalbox.shared.db import make_engine, make_session_factory
 from signalbox.shared.db.session import reading
@@ -173,11 +173,11 @@ class Gateway:
         """Send ``orchestrator.run_turn(turn_id)``; blocking, for a worker thread."""
         send_run_turn(self.celery, turn_id)
 
-    def admit_if_free(self, session: Session) -> list[str] | None:
-        """An admission pass in ``session``'s transaction if the admission lock is free at
-        once, else None (``shared/admission.py``); the caller commits, then sends
-        ``run_turn`` for each turn admitted (``send_admitted``)."""
-        return admit_if_free(session, Limits.of(self.settings), self.settings.redis_prefix)
+    def admit_in_writer(self, session: Session) -> list[str] | None:
+        """An admission pass in ``session``'s writing transaction where the database allows
+        it without waiting, else None (``shared/admission.py``); the caller commits, then
+        sends ``run_turn`` for each turn admitted (``send_admitted``)."""
+        return admit_in_writer(session, Limits.of(self.settings), self.settings.redis_prefix)
 
     def send_admitted(self, admitted: list[str]) -> None:
         """``run_turn`` for each turn an admission pass admitted, after its commit (a turn

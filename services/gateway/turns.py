@@ -244,19 +244,18 @@ def _store_and_send(
     """A turn's submission, blocking, in one worker thread (a thread hop each for the budget
     check, the insert, the admission pass and the Celery publish made most of the ``ack``).
 
-    In order: the budget check, ``insert`` and, for a new turn, an admission pass if the
-    admission lock is free at once and the turn interrupts none, in one transaction (the
-    turn keeps the user's own uploads it names, ``NotFound`` otherwise, nothing stored;
-    started now if its user's fair share allows, shared/admission.py, otherwise it waits in
-    SQL, holding nothing, until a slot frees); then the conversation's workspace
-    directory, its ``conversation_created`` (a new one), the cancels of turns it interrupts
-    and its ``turn_queued``, in one pipeline; then the ``run_turn`` messages of the turns
-    the pass admitted, so ``turn_queued`` is in the stream before any runner starts, and,
-    unless the pass admitted the new turn, a pass after the commit (the lock was busy, or
-    a slot may have freed since the pass read them). Whatever fails after the commit
-    leaves the turn stored: a waiting one is admitted by a reconciler's next sweep, an
-    admitted one that never started is sent again once it has been queued
-    ``stale_queued_s``; what the pass admitted is sent even when the appends fail.
+    In order: the budget check, ``insert`` and, for a new turn on SQLite that interrupts
+    none, an admission pass, in one transaction (the turn keeps the user's own uploads it
+    names, ``NotFound`` otherwise, nothing stored; started now if its user's fair share
+    allows, shared/admission.py, otherwise it waits in SQL, holding nothing, until a slot
+    frees); then the conversation's workspace directory, its ``conversation_created`` (a
+    new one), the cancels of turns it interrupts and its ``turn_queued``, in one pipeline;
+    then the ``run_turn`` messages of the turns the pass admitted, so ``turn_queued`` is in
+    the stream before any runner starts, or, where no pass ran in the transaction, a pass
+    after the commit and its messages. Whatever fails after the commit leaves the turn
+    stored: a waiting one is admitted by a reconciler's next sweep, an admitted one that
+    never started is sent again once it has been queued ``stale_queued_s``; what the pass
+    admitted is sent even when the appends fail.
     """
     now = gateway.clock()
     with gateway.sessions() as session:
@@ -267,7 +266,7 @@ def _store_and_send(
         attached = owned_attachments(session, user_id, upload_ids)
         inserted = insert(session)
         inserted.user_class = user_class(is_admin)
-        admitted: list[str] = []
+        passed: list[str] | None = None  # what a pass in this transaction admitted
         if inserted.created:
             if attached:
                 inserted.turn.attachments = [a.upload_id for a in attached]
@@ -276,14 +275,15 @@ def _store_and_send(
                     {"turn_id": inserted.turn.id, "attachments": inserted.turn.attachments},
                 )
             if not inserted.interrupted:
-                # Sees the new turn (flushed by the insert) and any other that waits.
-                admitted = gateway.admit_if_free(session) or []
+                # Sees the new turn (flushed by the insert) and any other that waits. Not
+                # for an interrupting turn: its cancels lock turn rows a pass may update.
+                passed = gateway.admit_in_writer(session)
         session.commit()
     del user
     stored = _Stored(inserted)
     if not inserted.created:
         return stored
-    turn = inserted.turn
+    turn, admitted = inserted.turn, passed or []
     if attached:
         queued["attachments"] = [a.model_dump(mode="json") for a in attached]
     try:
@@ -302,11 +302,8 @@ def _store_and_send(
     with log_context(conversation_id=turn.conversation_id, turn_id=turn.id, user_id=user_id):
         try:
             gateway.send_admitted(admitted)
-            if turn.id not in admitted:
-                # No pass gave it a slot in the transaction (the lock was busy, the turn
-                # interrupts others, or its user had none free then): one now. A slot freed
-                # by a commit since the first pass, whose runner saw no turn waiting
-                # (``anyone_waiting``), is this pass's to give (shared/admission.py).
+            if passed is None:
+                # No pass in the transaction (PostgreSQL, or an interrupting turn): one now.
                 gateway.admit_and_send()
         except Exception as exc:
             # The turn stays in SQL: a reconciler's sweep admits it if it waits, and sends

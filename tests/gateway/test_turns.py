@@ -360,11 +360,11 @@ async def test_a_busy_admission_lock_does_not_hold_a_turns_insert(
     db_sessions: sessionmaker[Session],
     redis_client: redis.Redis,
 ) -> None:
-    """The submission's pass inside its transaction runs only if the admission lock is free
-    at once: while a pass holds it, the turn is committed (its conversation's lock, and a
-    first turn's user's, let go) and waits for the pass after the commit, which admits it
-    once the lock frees. Waiting inside the transaction held those rows for as long as the
-    pass ran, and a pass can wait on a row whose holder waits on them."""
+    """On PostgreSQL the submission runs no pass inside its transaction: while a pass holds
+    the admission lock, the turn is committed (its conversation's lock, and a first turn's
+    user's, let go) and waits for the pass after the commit, which admits it once the lock
+    frees. Waiting inside the transaction held those rows for as long as the pass ran, and a
+    pass can wait on a row whose holder waits on them."""
     gateway = start_gateway()
     user_id, token = make_user()
     async with await connect(gateway, token) as ws:
@@ -403,11 +403,11 @@ async def test_a_turn_its_pass_left_waiting_gets_a_slot_freed_before_its_commit(
     conversation_of: Callable[[str], str],
     redis_client: redis.Redis,
 ) -> None:
-    """A submission's admission pass runs inside its transaction, before the commit. A slot
-    freed between the two, by a runner that then finds no turn waiting (``anyone_waiting``
-    cannot see the uncommitted turn, so that runner skips its pass), would be nobody's to
-    give until the reconciler's sweep: the gateway passes again after its commit when its
-    own pass left the turn waiting."""
+    """A turn stored while its user's one slot is taken, and the slot freed between its
+    insert and its commit by a runner that then finds no turn waiting (``anyone_waiting``
+    cannot see the uncommitted turn, so that runner skips its pass): the gateway's pass
+    after its commit gives it the slot, where a pass inside the transaction (before the
+    slot freed) alone would have left it to the reconciler's sweep."""
     gateway = start_gateway(max_running_turns_per_user=1)
     prefix = gateway.settings.redis_prefix
     user_id, token = make_user()
@@ -427,8 +427,8 @@ async def test_a_turn_its_pass_left_waiting_gets_a_slot_freed_before_its_commit(
         conn.info.pop("turn_inserted", None)
 
     def hold(session: Session) -> None:
-        # The submission's commit, after its pass: not a savepoint's release (the pass's
-        # try of the lock), nor another commit of the gateway's (its webhook deliverer's).
+        # The submission's commit: not a savepoint's release, nor another commit of the
+        # gateway's (its webhook deliverer's).
         if session.in_nested_transaction():
             return
         if session.connection().info.pop("turn_inserted", False) and not paused.is_set():
