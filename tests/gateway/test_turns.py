@@ -302,6 +302,25 @@ async def _a_backend_waits_for_a_lock(sessions: sessionmaker[Session]) -> None:
         await asyncio.sleep(0.01)  # another process's progress: polled, with a deadline
 
 
+_ROW_LOCKS = pytest.mark.skipif(
+    not on_postgres(), reason="row locks are PostgreSQL's: SQLite locks the whole database"
+)
+
+
+def _assert_admitted_and_sent(
+    ack: dict[str, Any],
+    sessions: sessionmaker[Session],
+    client: redis.Redis,
+    gateway: LiveGateway,
+) -> None:
+    """``ack`` acknowledges a turn that is admitted, and its ``run_turn`` was sent."""
+    assert ack["type"] == "ack", ack
+    with sessions() as session:
+        turn = session.get(Turn, ack["turn_id"])
+        assert turn is not None and turn.admitted_at is not None
+    assert ("orchestrator.run_turn", [ack["turn_id"]]) in queued_turn_tasks(client, gateway.keys)
+
+
 def _hold_admission_lock(session: Session) -> None:
     """Take the admission lock in ``session``'s transaction, as a pass does first."""
     session.execute(
@@ -309,9 +328,7 @@ def _hold_admission_lock(session: Session) -> None:
     )
 
 
-@pytest.mark.skipif(
-    not on_postgres(), reason="row locks are PostgreSQL's: SQLite locks the whole database"
-)
+@_ROW_LOCKS
 async def test_an_interrupting_turn_and_a_pass_admitting_the_turn_it_cancels_both_finish(
     start_gateway: Callable[..., LiveGateway],
     make_user: Users,
@@ -351,9 +368,7 @@ async def test_an_interrupting_turn_and_a_pass_admitting_the_turn_it_cancels_bot
         assert second is not None and second.seq == 2
 
 
-@pytest.mark.skipif(
-    not on_postgres(), reason="row locks are PostgreSQL's: SQLite locks the whole database"
-)
+@_ROW_LOCKS
 async def test_a_busy_admission_lock_does_not_hold_a_turns_insert(
     start_gateway: Callable[..., LiveGateway],
     make_user: Users,
@@ -383,13 +398,7 @@ async def test_a_busy_admission_lock_does_not_hold_a_turns_insert(
             assert stored.admitted_at is None
             a_pass.commit()
         ack = await reply
-    assert ack["type"] == "ack", ack
-    with db_sessions() as session:
-        turn = session.get(Turn, ack["turn_id"])
-        assert turn is not None and turn.admitted_at is not None
-    assert ("orchestrator.run_turn", [ack["turn_id"]]) in queued_turn_tasks(
-        redis_client, gateway.keys
-    )
+    _assert_admitted_and_sent(ack, db_sessions, redis_client, gateway)
 
 
 @pytest.mark.skipif(
@@ -456,10 +465,4 @@ async def test_a_turn_its_pass_left_waiting_gets_a_slot_freed_before_its_commit(
             event.remove(state.sessions, "before_commit", hold)
             event.remove(state.engine, "before_cursor_execute", inserting)
             event.remove(state.engine, "rollback", rolled_back)
-    assert ack["type"] == "ack", ack
-    with db_sessions() as session:
-        turn = session.get(Turn, ack["turn_id"])
-        assert turn is not None and turn.admitted_at is not None
-    assert ("orchestrator.run_turn", [ack["turn_id"]]) in queued_turn_tasks(
-        redis_client, gateway.keys
-    )
+    _assert_admitted_and_sent(ack, db_sessions, redis_client, gateway)
