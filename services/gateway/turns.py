@@ -147,8 +147,8 @@ def _insert_turn(
     if unfinished and busy_policy == "reject":
         raise TurnBusy(f"conversation {conversation.id!r} has an unfinished turn {unfinished[0]!r}")
     if unfinished and busy_policy == "interrupt":
-        # Row locks on these turns, which a pass may be waiting for: this transaction runs
-        # no pass of its own (``_store_and_send``), so it never waits for a pass in turn.
+        # On PostgreSQL, row locks a pass may be waiting for: there this transaction runs no
+        # pass of its own (``admit_in_writer``), so it never waits for a pass in turn.
         conn.execute(_ASK_CANCEL, {"turn_ids": unfinished})
         interrupted = unfinished
     turn = _add_turn(
@@ -244,8 +244,8 @@ def _store_and_send(
     """A turn's submission, blocking, in one worker thread (a thread hop each for the budget
     check, the insert, the admission pass and the Celery publish made most of the ``ack``).
 
-    In order: the budget check, ``insert`` and, for a new turn on SQLite that interrupts
-    none, an admission pass, in one transaction (the turn keeps the user's own uploads it
+    In order: the budget check, ``insert`` and, for a new turn on SQLite, an admission
+    pass, in one transaction (the turn keeps the user's own uploads it
     names, ``NotFound`` otherwise, nothing stored; started now if its user's fair share
     allows, shared/admission.py, otherwise it waits in SQL, holding nothing, until a slot
     frees); then the conversation's workspace directory, its ``conversation_created`` (a
@@ -274,10 +274,8 @@ def _store_and_send(
                     _ATTACH,
                     {"turn_id": inserted.turn.id, "attachments": inserted.turn.attachments},
                 )
-            if not inserted.interrupted:
-                # Sees the new turn (flushed by the insert) and any other that waits. Not
-                # for an interrupting turn: its cancels lock turn rows a pass may update.
-                passed = gateway.admit_in_writer(session)
+            # Sees the new turn (flushed by the insert) and any other that waits.
+            passed = gateway.admit_in_writer(session)
         session.commit()
     del user
     stored = _Stored(inserted)
@@ -303,7 +301,7 @@ def _store_and_send(
         try:
             gateway.send_admitted(admitted)
             if passed is None:
-                # No pass in the transaction (PostgreSQL, or an interrupting turn): one now.
+                # No pass in the transaction (PostgreSQL): one now.
                 gateway.admit_and_send()
         except Exception as exc:
             # The turn stays in SQL: a reconciler's sweep admits it if it waits, and sends
