@@ -60,6 +60,18 @@ end
 return 0
 """
 
+# Given back by a run that did nothing: the lease, and this run's count (earlier runs' stays).
+_GIVE_BACK = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  redis.call('del', KEYS[1])
+  if redis.call('decr', KEYS[2]) <= 0 then
+    redis.call('del', KEYS[2])
+  end
+  return 1
+end
+return 0
+"""
+
 
 class LeaseLost(Exception):
     """Another runner holds the turn now; this one must stop without writing."""
@@ -165,6 +177,18 @@ class TurnLease:
                 self.client.eval(_RELEASE, 1, self.key, self.token)
         except redis.RedisError:
             log.warning("could not release lease %s; it will expire", self.key, exc_info=True)
+
+    def give_back(self) -> None:
+        """Release the lease of a run that did nothing under it (``acquire_counted``'s):
+        its own count is undone, the count of earlier runs that never came back stays."""
+        if self.count_key is None:
+            self.release()
+            return
+        try:
+            self.client.eval(_GIVE_BACK, 2, self.key, self.count_key, self.token)
+            self.count_key = None
+        except redis.RedisError:
+            log.warning("could not give lease %s back; it will expire", self.key, exc_info=True)
 
     def _beat(self) -> bool:
         """One heartbeat, on the timer thread: False once the lease is gone (no more)."""

@@ -5,6 +5,9 @@ child, every earlier turn of its conversation has finished, nobody else holds it
 it has not killed its worker too often), runs one pass of the state machine under the
 lease, and then hands its slot on: a turn that finished or parked runs an admission pass
 (``shared/admission.py``), which starts the waiting turns whose user's fair share allows.
+It takes the lease first, so that a turn that may run is read and started in one
+transaction (``_open_leased``); one that may not gives the lease back and is decided from
+a second read (``_run_checked``), as a delivery that finds the lease taken is.
 
 Where the rest of a turn lives, in the order a turn meets it:
 
@@ -59,12 +62,82 @@ def run_turn(rt: Runtime, turn_id: str) -> str:
 
 
 def _run_turn(rt: Runtime, turn_id: str, span: Span) -> str:
+    lease = _lease(rt, turn_id)
+    try:
+        # The lease and the run's count (deliveries.py) in one round trip, first: a turn
+        # that may run is then read and started in ONE transaction (``_open_leased``).
+        started = deliveries.lease_and_count(lease, rt.keys, turn_id)
+    except REDIS_DOWN:
+        started = 0  # ``_run_checked`` does what SQL alone decides, and else says why
+    if started:
+        opened = _open_leased(rt, turn_id, lease, started)
+        if opened is not None:
+            runner, turn = opened
+            _bind(runner.info, span)
+            return _run_counted(rt, runner.info, lease, started, runner, turn)
+    return _run_checked(rt, turn_id, span)
+
+
+def _lease(rt: Runtime, turn_id: str) -> TurnLease:
+    return TurnLease(
+        rt.redis, rt.keys.turn_lease(turn_id), rt.settings.lease_s, rt.settings.lease_renew_s
+    )
+
+
+def _bind(info: TurnInfo, span: Span) -> None:
+    bind_log_context(conversation_id=info.conversation_id, user_id=info.user_id)
+    span.set_attribute(spans.CONVERSATION_ID, info.conversation_id)
+
+
+def _may_run(info: TurnInfo) -> bool:
+    """Whether ``_run_checked`` would take the lease for this turn without more ado."""
+    return (
+        info.parent_call_id is None
+        and info.status not in FINISHED_TURN_STATUSES
+        and not info.behind
+        and info.admitted
+    )
+
+
+def _open_leased(
+    rt: Runtime, turn_id: str, lease: TurnLease, started: int
+) -> tuple[TurnRunner, store.Opened | None] | None:
+    """Under the lease just taken: read the turn and, if it may run, start it (or read how
+    it stands) in the same transaction, and return its runner with what it found (None
+    for a run ``_give_up`` ends); else give the lease back and return None, for
+    ``_run_checked`` to decide from what is committed then.
+
+    Giving it back strands nobody: a delivery that found the lease taken meanwhile
+    returned ``leased``, but whatever sent it (an earlier turn's end, an admission) was
+    committed before, and ``_run_checked`` reads after the release."""
+    turn: store.Opened | None = None
+    try:
+        with store.transaction(rt.sessions) as conn:
+            info = store.read_turn(conn, turn_id)
+            if info is None or not _may_run(info):
+                runner = None
+            else:
+                watch = CancelWatch(rt.redis, rt.keys.control_channel, turn_id, start_now=False)
+                runner = TurnRunner(rt, info, lease, watch)
+                poison = started > rt.settings.max_turn_deliveries
+                turn = None if poison else runner.open(conn)
+    except BaseException:
+        lease.give_back()
+        raise
+    if runner is None:
+        lease.give_back()
+        return None
+    return runner, turn
+
+
+def _run_checked(rt: Runtime, turn_id: str, span: Span) -> str:
+    """A delivery that could not take the lease at once, or whose turn may not run as it
+    was read: read the turn, decide, and take the lease only if it may run."""
     info = store.load_turn(rt.sessions, turn_id)
     if info is None:
         log.warning("run_turn: no turn %r", turn_id)
         return "missing"
-    bind_log_context(conversation_id=info.conversation_id, user_id=info.user_id)
-    span.set_attribute(spans.CONVERSATION_ID, info.conversation_id)
+    _bind(info, span)
     if info.parent_call_id is not None:
         return "child"  # a spawn_agent child runs inside its parent's run, never alone
     if info.status in FINISHED_TURN_STATUSES:
@@ -82,11 +155,8 @@ def _run_turn(rt: Runtime, turn_id: str, span: Span) -> str:
         # Sent before admission gave it a slot (a scheduler tick, a message from before an
         # upgrade): it waits in SQL for its user's fair share, holding no worker thread.
         return "not_admitted"
-    lease = TurnLease(
-        rt.redis, rt.keys.turn_lease(turn_id), rt.settings.lease_s, rt.settings.lease_renew_s
-    )
+    lease = _lease(rt, turn_id)
     try:
-        # The lease and the run's count (deliveries.py) in one round trip.
         started = deliveries.lease_and_count(lease, rt.keys, turn_id)
         if not started:
             # A redelivery (visibility timeout, a duplicate enqueue) while a runner works on
@@ -96,10 +166,23 @@ def _run_turn(rt: Runtime, turn_id: str, span: Span) -> str:
     except REDIS_DOWN as exc:
         log.error("run_turn(%s): Redis unavailable (%s); the reconciler retries", turn_id, exc)
         return "redis_unavailable"
+    return _run_counted(rt, info, lease, started, None, None)
+
+
+def _run_counted(
+    rt: Runtime,
+    info: TurnInfo,
+    lease: TurnLease,
+    started: int,
+    runner: TurnRunner | None,
+    opened: store.Opened | None,
+) -> str:
+    """The leased run (``started``: its count), then the slot handed on."""
+    turn_id = info.turn_id
     try:
         if started > rt.settings.max_turn_deliveries:
             return _give_up(rt, info, lease, started)
-        outcome = _run_leased(rt, info, lease)
+        outcome = _run_leased(rt, info, lease, runner, opened)
     finally:
         lease.forget_count()  # the run came back; releasing the lease forgot it already
     if outcome in NOT_RUN:
@@ -115,16 +198,28 @@ def _run_turn(rt: Runtime, turn_id: str, span: Span) -> str:
     return outcome
 
 
-def _run_leased(rt: Runtime, info: TurnInfo, lease: TurnLease) -> str:
+def _run_leased(
+    rt: Runtime,
+    info: TurnInfo,
+    lease: TurnLease,
+    runner: TurnRunner | None = None,
+    opened: store.Opened | None = None,
+) -> str:
+    """One pass of the turn's runner (``runner``, with what ``open`` found: made here if
+    None) under the lease."""
     turn_id = info.turn_id
     try:
         # Started by the runner once turn_started is out (a pub/sub connection and a thread
         # are not worth delaying the first event for); it reads the SQL flag right after.
-        watch = CancelWatch(rt.redis, rt.keys.control_channel, turn_id, start_now=False)
+        watch = (
+            runner.cancel
+            if runner is not None
+            else CancelWatch(rt.redis, rt.keys.control_channel, turn_id, start_now=False)
+        )
         with lease, watch as cancel:
-            runner = TurnRunner(rt, info, lease, cancel)
+            runner = runner or TurnRunner(rt, info, lease, cancel)
             try:
-                return runner.run()
+                return runner.run(opened)
             except LeaseLost:
                 log.error("turn %s: lease lost, leaving the turn to its new runner", turn_id)
                 return "lease_lost"

@@ -171,9 +171,15 @@ _LOAD_TURN = (
 
 
 def load_turn(sessions: Sessions, turn_id: str) -> TurnInfo | None:
-    """The turn and its conversation, or None if there is no such turn."""
-    with reading(sessions) as s:
-        row = s.execute(_LOAD_TURN, {"turn_id": turn_id}).first()
+    """The turn and its conversation, or None if there is no such turn (a standalone read,
+    on a bare connection: a ``Session`` cost twice the statement)."""
+    with standalone_connection(sessions) as conn:
+        return read_turn(conn, turn_id)
+
+
+def read_turn(conn: Connection, turn_id: str) -> TurnInfo | None:
+    """``load_turn`` on ``conn``: inside its transaction, if it has one."""
+    row = conn.execute(_LOAD_TURN, {"turn_id": turn_id}).first()
     if row is None:
         return None
     (
@@ -309,44 +315,56 @@ def open_turn(
     (only a queued, uncancelled turn moves), else one read of what it found; the user
     message's ``INSERT`` with ``max(seq) + 1`` as its subquery; on a bare connection (a
     Session's transaction cost more than the three statements)."""
+    with transaction(sessions) as conn:
+        return start_turn(conn, info, model, timeout_s, then)
+
+
+def start_turn(
+    conn: Connection,
+    info: TurnInfo,
+    model: str,
+    timeout_s: float | None = None,
+    then: Callable[[Connection], object] | None = None,
+) -> Opened:
+    """``open_turn`` in ``conn``'s transaction, which the caller commits (``loop.py`` reads
+    the turn and starts it in one)."""
     now = utcnow()
     deadline = now + timedelta(seconds=timeout_s) if timeout_s is not None else None
-    with transaction(sessions) as conn:
-        started = conn.execute(
-            _OPEN,
-            {
-                "open_id": info.turn_id,
-                "started_at": now,
-                "new_deadline_at": deadline,
-                "model": model,
-            },
-        ).one_or_none()
-        if started is None:
-            found = conn.execute(_FOUND, {"turn_id": info.turn_id}).one_or_none()
-            if found is None:
-                raise LookupError(f"no turn {info.turn_id!r}")
-            status, cancel, step, deadline_at = found
-            as_found = as_utc(deadline_at) if deadline_at is not None else None
-            return Opened(status, bool(cancel), step, False, as_found)
-        step, deadline_at, created_at, text, user_id = started
-        conn.execute(
-            _STEP_MESSAGE,
-            {
-                "id": new_id("msg"),
-                "seq_conversation_id": info.conversation_id,
-                "conversation_id": info.conversation_id,
-                "turn_id": info.turn_id,
-                "step": 0,
-                "role": "user",
-                "content": [{"type": "text", "text": text}],
-                "input_tokens": 0,
-                "output_tokens": 0,
-                "created_at": now,
-            },
-        )
-        admin = bool(conn.scalar(_IS_ADMIN, {"user_id": user_id}))
-        if then is not None:
-            then(conn)
+    started = conn.execute(
+        _OPEN,
+        {
+            "open_id": info.turn_id,
+            "started_at": now,
+            "new_deadline_at": deadline,
+            "model": model,
+        },
+    ).one_or_none()
+    if started is None:
+        found = conn.execute(_FOUND, {"turn_id": info.turn_id}).one_or_none()
+        if found is None:
+            raise LookupError(f"no turn {info.turn_id!r}")
+        status, cancel, step, deadline_at = found
+        as_found = as_utc(deadline_at) if deadline_at is not None else None
+        return Opened(status, bool(cancel), step, False, as_found)
+    step, deadline_at, created_at, text, user_id = started
+    conn.execute(
+        _STEP_MESSAGE,
+        {
+            "id": new_id("msg"),
+            "seq_conversation_id": info.conversation_id,
+            "conversation_id": info.conversation_id,
+            "turn_id": info.turn_id,
+            "step": 0,
+            "role": "user",
+            "content": [{"type": "text", "text": text}],
+            "input_tokens": 0,
+            "output_tokens": 0,
+            "created_at": now,
+        },
+    )
+    admin = bool(conn.scalar(_IS_ADMIN, {"user_id": user_id}))
+    if then is not None:
+        then(conn)
     queued_s = max(0.0, (now - as_utc(created_at)).total_seconds())
     opened_deadline = as_utc(deadline_at) if deadline_at is not None else None
     return Opened(TurnState.QUEUED, False, step, True, opened_deadline, queued_s, admin)

@@ -325,20 +325,26 @@ class TurnRunner:
 
     # -- the state machine -------------------------------------------------------------
 
-    def run(self) -> str:
-        """Bring the turn from its committed state as far as it can go."""
+    def open(self, conn: Connection | None = None) -> store.Opened:
+        """Start the turn if it is queued and not cancelled, else read how it stands: in
+        ``conn``'s transaction (the caller's, which read the turn in it and commits), or in
+        one of its own. ``turn_started``'s webhook deliveries commit with the start."""
+        timeout_s = None if self.child else self.agent.turn_timeout_s  # a child: its root's
+        model = self.rt.model.name
+        then = lambda c: self.enqueue_hooks(c, self._started_payloads())  # noqa: E731
+        if conn is None:
+            return store.open_turn(self.rt.sessions, self.info, model, timeout_s, then=then)
+        return store.start_turn(conn, self.info, model, timeout_s, then=then)
+
+    def _started_payloads(self) -> list[tuple[EventKind, Mapping[str, Any]]]:
+        return self.payloads([("turn_started", {"model": self.rt.model.name})])
+
+    def run(self, opened: store.Opened | None = None) -> str:
+        """Bring the turn from its committed state as far as it can go; ``opened``: what
+        ``open`` found or started, if the caller opened it already."""
         # The read and the start are one transaction, and turn_started goes out right after
         # it commits: the first thing the user sees waits on nothing else.
-        timeout_s = None if self.child else self.agent.turn_timeout_s  # a child: its root's
-        # turn_started's webhook deliveries commit with the start itself.
-        started = self.payloads([("turn_started", {"model": self.rt.model.name})])
-        turn = store.open_turn(
-            self.rt.sessions,
-            self.info,
-            self.rt.model.name,
-            timeout_s,
-            then=lambda conn: self.enqueue_hooks(conn, started),
-        )
+        turn = opened if opened is not None else self.open()
         if turn.status in FINISHED_TURN_STATUSES:
             return "finished"
         if turn.status == TurnState.QUEUED:
@@ -346,7 +352,7 @@ class TurnRunner:
                 return self.finish(TurnState.CANCELLED)
             if turn.started:
                 metrics.turn_started(turn)
-                self.append_events(started)
+                self.append_events(self._started_payloads())
                 try:
                     self.rt.hooks.turn_started(hooks.context(self))
                 except hooks.HookFailed as exc:

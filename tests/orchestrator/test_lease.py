@@ -73,3 +73,21 @@ def test_a_blip_shorter_than_the_lease_keeps_it(
     finally:
         client.close()
         server.stop()
+
+
+def test_a_lease_given_back_undoes_only_its_own_runs_count(
+    redis_client: redis.Redis, redis_prefix: str
+) -> None:
+    key, count_key = f"{redis_prefix}lease:given-back", f"{redis_prefix}deliveries:given-back"
+    redis_client.set(count_key, 2)  # two earlier runs that never came back
+    lease = TurnLease(redis_client, key, LEASE_S)
+    assert lease.acquire_counted(count_key, 60) == 3
+
+    lease.give_back()  # this run did nothing under it
+
+    assert redis_client.get(key) is None, "the lease is free"
+    assert int(redis_client.get(count_key) or 0) == 2, "the earlier runs still count"
+    alone = TurnLease(redis_client, key, LEASE_S)
+    assert alone.acquire_counted(count_key + "-alone", 60) == 1
+    alone.give_back()
+    assert not redis_client.exists(count_key + "-alone"), "a count of none is gone"

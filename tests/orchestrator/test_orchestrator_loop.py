@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import Connection, select
 
-from signalbox.services.orchestrator import loop, recovery
+from signalbox.services.orchestrator import loop, recovery, store
 from signalbox.services.orchestrator.anthropic_model import AnthropicModel
 from signalbox.services.orchestrator.cancel_watch import CancelWatch
 from signalbox.services.orchestrator.lease import TurnLease
@@ -294,6 +294,36 @@ def test_turns_of_a_conversation_run_in_order(harness: Harness) -> None:
     messages = h.model.requests[1].messages
     assert [m["role"] for m in messages] == ["user", "assistant", "user"]
     assert transcript_problems(messages) == []
+
+
+def test_a_turn_read_behind_under_its_lease_runs_once_the_earlier_ends_meanwhile(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delivery takes the lease before it reads the turn. If the turn may not run yet (an
+    earlier one is unfinished), it gives the lease back; the earlier turn ending meanwhile
+    sent it again, and that delivery found the lease taken and did nothing: the first one
+    must then run the turn, not leave it for the reconciler."""
+    h = harness
+    h.model.steps = [say("first answer"), say("second answer")]
+    first, second = h.turn("one", seq=1), h.turn("two", seq=2)
+    read_turn = store.read_turn
+    meanwhile: list[str] = []
+
+    def read_then_race(conn: Connection, turn_id: str) -> store.TurnInfo | None:
+        info = read_turn(conn, turn_id)
+        if turn_id == second and not meanwhile:
+            assert info is not None and info.behind
+            meanwhile.append(h.run(first))  # ends, and sends the second again
+            meanwhile.append(h.run(second))  # that delivery, while this one holds the lease
+        return info
+
+    monkeypatch.setattr(store, "read_turn", read_then_race)
+
+    assert h.run(second) == "completed"
+
+    assert meanwhile == ["completed", "leased"]
+    assert _turn(h, second).status == "completed"
+    assert len(h.model.requests) == 2, "each turn reached the model once"
 
 
 def test_a_confirm_tool_parks_the_turn_until_a_decision(harness: Harness) -> None:
