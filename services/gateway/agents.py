@@ -88,13 +88,14 @@ def bind_agent(session: Session, user_id: str, conversation: Conversation, name:
     conversation.agent_version = found.version.version
 
 
-def check_bound_agent(conversation: Conversation, name: str | None) -> None:
-    """A turn on a started conversation may name its agent only as the one it is bound to."""
+def check_bound_agent(conversation_id: str, agent_name: str | None, name: str | None) -> None:
+    """A turn on a started conversation (bound to ``agent_name``; None: the deployment's
+    default) may name its agent only as the one it is bound to."""
     if name is None:
         return
-    bound = conversation.agent_name or DEFAULT_AGENT
+    bound = agent_name or DEFAULT_AGENT
     if name != bound:
         raise Conflict(
-            f"conversation {conversation.id!r} runs agent {bound!r}: the agent is chosen when "
+            f"conversation {conversation_id!r} runs agent {bound!r}: the agent is chosen when "
             f"a conversation starts, so a turn cannot switch it to {name!r}"
         )

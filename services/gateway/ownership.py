@@ -6,12 +6,15 @@ An object that does not exist and one that belongs to another user answer the sa
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from typing import Any
+
+from sqlalchemy import Row, select
 from sqlalchemy.orm import Session
 
 from signalbox.services.gateway.errors import Conflict, NotFound
 from signalbox.shared.db import Alarm, Conversation, Schedule, ToolCall, Turn
 from signalbox.shared.db.agents import FoundAgent, find_agent, find_in_scope
+from signalbox.shared.db.concurrency import lock_row_returning
 
 
 def owned_conversation(session: Session, user_id: str, conversation_id: str) -> Conversation:
@@ -20,6 +23,22 @@ def owned_conversation(session: Session, user_id: str, conversation_id: str) -> 
     if conversation is None or conversation.user_id != user_id:
         raise NotFound(f"conversation {conversation_id!r} not found")
     return conversation
+
+
+# What a turn's submission reads of the conversation it writes into.
+_CONVERSATION_TO_WRITE = ("id", "archived_at", "agent_version_id", "agent_name")
+
+
+def owned_conversation_locked(session: Session, user_id: str, conversation_id: str) -> Row[Any]:
+    """``owned_conversation``, held for writing until the transaction ends (``lock_row``),
+    in one statement: its ``id``, ``archived_at``, ``agent_version_id`` and ``agent_name``
+    as a row, else ``NotFound`` (another user's row is not locked)."""
+    row = lock_row_returning(
+        session, Conversation, conversation_id, _CONVERSATION_TO_WRITE, {"user_id": user_id}
+    )
+    if row is None:
+        raise NotFound(f"conversation {conversation_id!r} not found")
+    return row
 
 
 def owned_turn(session: Session, user_id: str, turn_id: str) -> Turn:

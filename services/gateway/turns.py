@@ -26,7 +26,11 @@ from signalbox.services.gateway.conversations import (
 )
 from signalbox.services.gateway.errors import Conflict, TurnBusy, Unavailable
 from signalbox.services.gateway.metrics import user_class
-from signalbox.services.gateway.ownership import owned_conversation, owned_turn
+from signalbox.services.gateway.ownership import (
+    owned_conversation,
+    owned_conversation_locked,
+    owned_turn,
+)
 from signalbox.services.gateway.quotas import Quotas
 from signalbox.services.gateway.state import Gateway
 from signalbox.services.gateway.uploads import owned_attachments
@@ -35,6 +39,7 @@ from signalbox.shared.db import Conversation, Turn, User
 from signalbox.shared.db.concurrency import lock_row
 from signalbox.shared.db.models import as_utc, now
 from signalbox.shared.db.session import core
+from signalbox.shared.db.tenancy import user_with_limits
 from signalbox.shared.event_stream import STREAM_MAXLEN, appended, encode, ring
 from signalbox.shared.events import EventKind
 from signalbox.shared.ids import new_id
@@ -120,9 +125,10 @@ def _insert_turn(
     agent: str | None = None,
     deployment: str | None = None,
 ) -> _Inserted:
-    conversation = owned_conversation(session, user_id, conversation_id)
-    # Concurrent submissions get distinct seqs and one client_turn_id makes one turn.
-    lock_row(session, Conversation, conversation.id)
+    # Concurrent submissions get distinct seqs and one client_turn_id makes one turn: the
+    # conversation's row is held from its ownership's check on.
+    conversation = owned_conversation_locked(session, user_id, conversation_id)
+    cid: str = conversation.id
     if client_turn_id is not None:
         existing = session.scalars(
             select(Turn).where(
@@ -138,9 +144,10 @@ def _insert_turn(
             select(func.count()).select_from(Turn).where(Turn.conversation_id == conversation.id)
         )
         if not started and conversation.agent_version_id is None:
-            bind_agent(session, user_id, conversation, agent)  # its first turn: it starts now
+            # Its first turn: it starts now.
+            bind_agent(session, user_id, owned_conversation(session, user_id, cid), agent)
         else:
-            check_bound_agent(conversation, agent)
+            check_bound_agent(cid, conversation.agent_name, agent)
     conn = core(session)
     unfinished = list(conn.scalars(_UNFINISHED_TURNS, {"conversation_id": conversation.id}))
     interrupted: list[str] = []
@@ -260,8 +267,9 @@ def _store_and_send(
     now = gateway.clock()
     with gateway.sessions() as session:
         # Held for the transaction: the budget check and a new conversation's workspace both
-        # read the user, and the Session's identity map keeps only objects something holds.
-        user = session.get(User, user_id)
+        # read the user, and the Session's identity map keeps only objects something holds;
+        # its limits (the budget, a new conversation's quotas) come with it, one statement.
+        user = user_with_limits(session, user_id)
         is_admin = check_budget(gateway, session, user_id, now)
         attached = owned_attachments(session, user_id, upload_ids)
         inserted = insert(session)

@@ -23,7 +23,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Update, bindparam, event, inspect, select, update
+from sqlalchemy import Row, Update, bindparam, event, inspect, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, SessionTransaction
 
@@ -89,6 +89,43 @@ def lock_row(session: Session, model: type[Base], row_id: str) -> bool:
     if held is not None:
         held[(model, row_id)] = found
     return found
+
+
+def lock_row_returning(
+    session: Session,
+    model: type[Base],
+    row_id: str,
+    columns: Sequence[str],
+    match: Mapping[str, Any] | None = None,
+) -> Row[Any] | None:
+    """``lock_row`` that reads ``columns`` of the row in the same statement (``UPDATE ...
+    RETURNING``: a read and its lock, one statement where they were two), and takes the row
+    only if its columns also equal ``match`` (its owner, say); None, nothing locked, if there
+    is no such row. Remembered for the transaction as ``lock_row``'s lock is."""
+    match = match or {}
+    statement = _lock_returning_statement(model, tuple(columns), tuple(sorted(match)))
+    params = {"row_id": row_id, **{f"match_{key}": value for key, value in match.items()}}
+    row = core(session).execute(statement, params).first()
+    if row is not None and not session.in_nested_transaction():
+        _held_locks(session)[(model, row_id)] = True
+    return row
+
+
+@functools.cache
+def _lock_returning_statement(
+    model: type[Base], columns: tuple[str, ...], match: tuple[str, ...]
+) -> Update:
+    """``_lock_statement`` of the rows whose ``match`` columns equal their parameters, and
+    returning ``columns``: built once per shape."""
+    found = inspect(model).columns
+    (pk,) = inspect(model).primary_key
+    matching = [found[key] == bindparam(f"match_{key}") for key in match]
+    return (
+        update(model)
+        .where(pk == bindparam("row_id"), *matching)
+        .values({pk.key: pk})
+        .returning(*(found[name] for name in columns))
+    )
 
 
 @functools.cache

@@ -11,11 +11,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, ForeignKey, Integer, String, event
+from sqlalchemy import JSON, ForeignKey, Integer, String, bindparam, event, select
 from sqlalchemy.orm import Mapped, ORMExecuteState, Session, mapped_column
 
 from signalbox.shared.db.concurrency import per_transaction
-from signalbox.shared.db.models import Base, now
+from signalbox.shared.db.models import Base, User, now
 
 
 class UserLimits(Base):
@@ -58,6 +58,19 @@ def own_limits(session: Session, user_id: str) -> UserLimits | None:
 _OWN_LIMITS = "own_limits"
 
 
+def user_with_limits(session: Session, user_id: str) -> User | None:
+    """``user_id``'s user, and its ``user_limits`` row in the same statement, which then
+    answers ``own_limits`` for the transaction (a turn's submission reads both: its budget
+    check, a new conversation's quotas); None if there is no such user."""
+    row = session.execute(_USER_WITH_LIMITS, {"user_id": user_id}).first()
+    if row is None:
+        return None
+    user, limits = row
+    per_transaction(session, _OWN_LIMITS)[user_id] = limits
+    found: User = user
+    return found
+
+
 def _limits_written(session: Session) -> None:
     """Forget what ``own_limits`` read in ``session``'s transaction."""
     seen = per_transaction(session, _OWN_LIMITS)
@@ -98,3 +111,10 @@ class AdmissionLock(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     passes: Mapped[int] = mapped_column(Integer, default=0)
+
+
+_USER_WITH_LIMITS = (
+    select(User, UserLimits)
+    .outerjoin(UserLimits, UserLimits.user_id == User.id)
+    .where(User.id == bindparam("user_id"))
+)
