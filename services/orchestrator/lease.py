@@ -60,16 +60,17 @@ end
 return 0
 """
 
-# Given back by a run that did nothing: the lease, and this run's count (earlier runs' stays).
+# Given back by a run that did nothing: the lease if still ours, and this run's count in
+# any case (the run came back; earlier runs' count, and a later runner's, stay).
 _GIVE_BACK = """
+local released = 0
 if redis.call('get', KEYS[1]) == ARGV[1] then
-  redis.call('del', KEYS[1])
-  if redis.call('decr', KEYS[2]) <= 0 then
-    redis.call('del', KEYS[2])
-  end
-  return 1
+  released = redis.call('del', KEYS[1])
 end
-return 0
+if redis.call('decr', KEYS[2]) <= 0 then
+  redis.call('del', KEYS[2])
+end
+return released
 """
 
 
@@ -179,8 +180,10 @@ class TurnLease:
             log.warning("could not release lease %s; it will expire", self.key, exc_info=True)
 
     def give_back(self) -> None:
-        """Release the lease of a run that did nothing under it (``acquire_counted``'s):
-        its own count is undone, the count of earlier runs that never came back stays."""
+        """Release the lease of a run that did nothing under it (``acquire_counted``'s), its
+        heartbeat stopped: its own count is undone, even if the lease ran out meanwhile; the
+        count of earlier runs that never came back stays."""
+        self._stop_heartbeat()
         if self.count_key is None:
             self.release()
             return
@@ -210,9 +213,20 @@ class TurnLease:
             )
         return True
 
+    def keep_alive(self) -> None:
+        """Start the heartbeat now (once), before ``with lease:`` if work under the lease
+        comes first (``loop.py`` reads and starts the turn): it renews from the acquire on."""
+        if self._heartbeat is None:
+            self._last_beat = self._renewed_at
+            self._heartbeat = self._timers.call_every(self.renew_s, self._beat)
+
+    def _stop_heartbeat(self) -> None:
+        heartbeat, self._heartbeat = self._heartbeat, None
+        if heartbeat is not None:
+            heartbeat.cancel()  # a renewal under way may still finish: harmless
+
     def __enter__(self) -> TurnLease:
-        self._last_beat = self._renewed_at
-        self._heartbeat = self._timers.call_every(self.renew_s, self._beat)
+        self.keep_alive()
         return self
 
     def __exit__(
@@ -221,6 +235,5 @@ class TurnLease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()  # a renewal under way may still finish: harmless
+        self._stop_heartbeat()
         self.release()

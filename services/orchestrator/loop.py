@@ -24,6 +24,7 @@ Where the rest of a turn lives, in the order a turn meets it:
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from opentelemetry.trace import Span
 
@@ -72,9 +73,8 @@ def _run_turn(rt: Runtime, turn_id: str, span: Span) -> str:
     if started:
         opened = _open_leased(rt, turn_id, lease, started)
         if opened is not None:
-            runner, turn = opened
-            _bind(runner.info, span)
-            return _run_counted(rt, runner.info, lease, started, runner, turn)
+            _bind(opened.runner.info, span)
+            return _run_counted(rt, opened.runner.info, lease, started, opened)
     return _run_checked(rt, turn_id, span)
 
 
@@ -99,35 +99,48 @@ def _may_run(info: TurnInfo) -> bool:
     )
 
 
-def _open_leased(
-    rt: Runtime, turn_id: str, lease: TurnLease, started: int
-) -> tuple[TurnRunner, store.Opened | None] | None:
-    """Under the lease just taken: read the turn and, if it may run, start it (or read how
-    it stands) in the same transaction, and return its runner with what it found (None
-    for a run ``_give_up`` ends); else give the lease back and return None, for
-    ``_run_checked`` to decide from what is committed then.
+@dataclass(frozen=True)
+class _Started:
+    """What ``_open_leased`` did under the lease: the turn's runner, what ``open`` found or
+    started (None: a run ``_give_up`` ends, not opened), or the error the start raised, for
+    the runner to end the turn with under the lease (as when it opens the turn itself)."""
+
+    runner: TurnRunner
+    opened: store.Opened | None = None
+    failure: Exception | None = None
+
+
+def _open_leased(rt: Runtime, turn_id: str, lease: TurnLease, started: int) -> _Started | None:
+    """Under the lease just taken, its heartbeat running: read the turn and, if it may run,
+    start it (or read how it stands) in the same transaction; else give the lease back and
+    return None, for ``_run_checked`` to decide from what is committed then.
 
     Giving it back strands nobody: a delivery that found the lease taken meanwhile
     returned ``leased``, but whatever sent it (an earlier turn's end, an admission) was
     committed before, and ``_run_checked`` reads after the release."""
-    turn: store.Opened | None = None
+    lease.keep_alive()  # the transaction may wait (a write lock, a pooled connection)
+    runner: TurnRunner | None = None
+    opened: store.Opened | None = None
     try:
         with store.transaction(rt.sessions) as conn:
             info = store.read_turn(conn, turn_id)
-            if info is None or not _may_run(info):
-                runner = None
-            else:
+            if info is not None and _may_run(info):
                 watch = CancelWatch(rt.redis, rt.keys.control_channel, turn_id, start_now=False)
                 runner = TurnRunner(rt, info, lease, watch)
-                poison = started > rt.settings.max_turn_deliveries
-                turn = None if poison else runner.open(conn)
+                if started <= rt.settings.max_turn_deliveries:
+                    opened = runner.open(conn)
+    except Exception as exc:
+        if runner is None:  # the read failed: nothing was decided under the lease
+            lease.give_back()
+            raise
+        return _Started(runner, failure=exc)  # rolled back; the runner fails the turn
     except BaseException:
         lease.give_back()
         raise
     if runner is None:
         lease.give_back()
         return None
-    return runner, turn
+    return _Started(runner, opened)
 
 
 def _run_checked(rt: Runtime, turn_id: str, span: Span) -> str:
@@ -166,23 +179,18 @@ def _run_checked(rt: Runtime, turn_id: str, span: Span) -> str:
     except REDIS_DOWN as exc:
         log.error("run_turn(%s): Redis unavailable (%s); the reconciler retries", turn_id, exc)
         return "redis_unavailable"
-    return _run_counted(rt, info, lease, started, None, None)
+    return _run_counted(rt, info, lease, started)
 
 
 def _run_counted(
-    rt: Runtime,
-    info: TurnInfo,
-    lease: TurnLease,
-    started: int,
-    runner: TurnRunner | None,
-    opened: store.Opened | None,
+    rt: Runtime, info: TurnInfo, lease: TurnLease, started: int, opened: _Started | None = None
 ) -> str:
     """The leased run (``started``: its count), then the slot handed on."""
     turn_id = info.turn_id
     try:
         if started > rt.settings.max_turn_deliveries:
             return _give_up(rt, info, lease, started)
-        outcome = _run_leased(rt, info, lease, runner, opened)
+        outcome = _run_leased(rt, info, lease, opened)
     finally:
         lease.forget_count()  # the run came back; releasing the lease forgot it already
     if outcome in NOT_RUN:
@@ -199,27 +207,27 @@ def _run_counted(
 
 
 def _run_leased(
-    rt: Runtime,
-    info: TurnInfo,
-    lease: TurnLease,
-    runner: TurnRunner | None = None,
-    opened: store.Opened | None = None,
+    rt: Runtime, info: TurnInfo, lease: TurnLease, opened: _Started | None = None
 ) -> str:
-    """One pass of the turn's runner (``runner``, with what ``open`` found: made here if
-    None) under the lease."""
+    """One pass of the turn's runner under the lease: ``opened``'s (``_open_leased``), or
+    one made here that opens the turn itself."""
     turn_id = info.turn_id
     try:
         # Started by the runner once turn_started is out (a pub/sub connection and a thread
         # are not worth delaying the first event for); it reads the SQL flag right after.
         watch = (
-            runner.cancel
-            if runner is not None
+            opened.runner.cancel
+            if opened is not None
             else CancelWatch(rt.redis, rt.keys.control_channel, turn_id, start_now=False)
         )
         with lease, watch as cancel:
-            runner = runner or TurnRunner(rt, info, lease, cancel)
+            runner = opened.runner if opened is not None else TurnRunner(rt, info, lease, cancel)
             try:
-                return runner.run(opened)
+                if opened is None:
+                    return runner.run()
+                if opened.failure is not None:
+                    raise opened.failure
+                return runner.run(opened.opened)
             except LeaseLost:
                 log.error("turn %s: lease lost, leaving the turn to its new runner", turn_id)
                 return "lease_lost"

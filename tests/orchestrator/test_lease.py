@@ -91,3 +91,20 @@ def test_a_lease_given_back_undoes_only_its_own_runs_count(
     assert alone.acquire_counted(count_key + "-alone", 60) == 1
     alone.give_back()
     assert not redis_client.exists(count_key + "-alone"), "a count of none is gone"
+
+
+def test_a_lease_given_back_after_it_ran_out_still_undoes_its_runs_count(
+    redis_client: redis.Redis, redis_prefix: str
+) -> None:
+    key, count_key = f"{redis_prefix}lease:ran-out", f"{redis_prefix}deliveries:ran-out"
+    redis_client.set(count_key, 1)  # an earlier run that never came back
+    lease = TurnLease(redis_client, key, LEASE_S)
+    assert lease.acquire_counted(count_key, 60) == 2
+    redis_client.delete(key)  # it ran out while the run read its turn...
+    later = TurnLease(redis_client, key, LEASE_S)
+    assert later.acquire_counted(count_key, 60) == 3  # ...and another runner took it
+
+    lease.give_back()
+
+    assert redis_client.get(key) == later.token.encode(), "the other runner's lease stays"
+    assert int(redis_client.get(count_key) or 0) == 2, "its run and the earlier one count"

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, select, update
 
+from signalbox.processes import wait_until
 from signalbox.services.orchestrator import loop, recovery, store
 from signalbox.services.orchestrator.anthropic_model import AnthropicModel
 from signalbox.services.orchestrator.cancel_watch import CancelWatch
@@ -22,11 +25,13 @@ from signalbox.services.orchestrator.model import (
     TextDelta,
 )
 from signalbox.services.orchestrator.recovery import Reconciler
-from signalbox.shared.db.models import Message, ToolCall, Turn
+from signalbox.shared.db.models import Message, ToolCall, Turn, now
 from signalbox.shared.tool_contract import ToolResult, publish_result
 from tests.fake_anthropic import FakeAnthropic, stream_error, text, tool_use, transcript_problems
 
 from .support import Harness, RunnerDied, ok, say, silent, spec, use, wait_for
+
+WAIT_S = 30.0  # a deadline to wait for, generous for a loaded machine
 
 
 def _turn(h: Harness, turn_id: str) -> Turn:
@@ -324,6 +329,75 @@ def test_a_turn_read_behind_under_its_lease_runs_once_the_earlier_ends_meanwhile
     assert meanwhile == ["completed", "leased"]
     assert _turn(h, second).status == "completed"
     assert len(h.model.requests) == 2, "each turn reached the model once"
+
+
+def _admitted(h: Harness, turn_id: str) -> str:
+    """``turn_id``, given a slot as the gateway's admission pass gives it (so its delivery
+    reads and starts it under the lease in one go)."""
+    with h.sessions() as s, s.begin():
+        s.execute(update(Turn).where(Turn.id == turn_id).values(admitted_at=now()))
+    return turn_id
+
+
+def test_a_turn_whose_start_waits_keeps_its_lease_meanwhile(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lease is taken before the turn is read and started, and that transaction may wait
+    (SQLite's write lock, a pooled connection): the lease is renewed meanwhile, so a wait
+    longer than the lease lets no second delivery in to run the turn as well."""
+    h = harness
+    lease_s = 1.0
+    settings = h.runtime.settings.model_copy(update={"lease_s": lease_s, "lease_renew_s": 0.2})
+    h.runtime = dataclasses.replace(h.runtime, settings=settings)
+    rt = h.runtime
+    h.model.steps = [say("hello")]
+    turn_id = _admitted(h, h.turn("hi"))
+    key = rt.keys.turn_lease(turn_id)
+    start_turn = store.start_turn
+    meanwhile: list[str] = []
+
+    def start_after_a_wait(conn: Connection, *args: Any, **kwargs: Any) -> store.Opened:
+        holder, entered = rt.redis.get(key), time.monotonic()
+        assert holder is not None, "the lease is taken before the start"
+        # Waits past the lease's own length: it must have been renewed to still be held.
+        wait_until(
+            lambda: time.monotonic() - entered > 1.5 * lease_s and rt.redis.get(key) == holder,
+            WAIT_S,
+            "the lease still held, one and a half leases into the start's wait",
+        )
+        meanwhile.append(h.run(turn_id))  # a duplicate delivery, or the reconciler's
+        return start_turn(conn, *args, **kwargs)
+
+    monkeypatch.setattr(store, "start_turn", start_after_a_wait)
+
+    assert h.run(turn_id) == "completed"
+
+    assert meanwhile == ["leased"]
+    assert len(h.model.requests) == 1, "the turn ran once"
+    assert h.kinds().count("turn_started") == 1 and "turn_resumed" not in h.kinds()
+
+
+def test_a_start_that_fails_under_the_lease_fails_the_turn(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error in the transaction that reads and starts a turn (a webhook's delivery row,
+    SQL) ends the turn ``failed`` with that error, by its runner under the lease."""
+    h = harness
+    turn_id = _admitted(h, h.turn("hi"))
+
+    def failing_start(*_args: Any, **_kwargs: Any) -> store.Opened:
+        raise RuntimeError("the start's statement failed")
+
+    monkeypatch.setattr(store, "start_turn", failing_start)
+
+    assert h.run(turn_id) == "failed"
+
+    turn = _turn(h, turn_id)
+    assert turn.status == "failed" and "the start's statement failed" in (turn.error or "")
+    [finished] = h.data("turn_finished")
+    assert finished["status"] == "failed"
+    assert h.model.requests == []
+    assert not h.runtime.redis.exists(h.runtime.keys.turn_lease(turn_id)), "released"
 
 
 def test_a_confirm_tool_parks_the_turn_until_a_decision(harness: Harness) -> None:
