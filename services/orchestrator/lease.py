@@ -196,7 +196,8 @@ class TurnLease:
     def _beat(self) -> bool:
         """One heartbeat, on the timer thread: False once the lease is gone (no more)."""
         if not self.refresh():
-            if self._heartbeat is not None and not self._heartbeat.cancelled:
+            heartbeat = self._heartbeat  # read once: the runner's thread may stop it now
+            if heartbeat is not None and not heartbeat.cancelled:
                 log.error("lease %s was taken over; this runner stops", self.key)
             return False
         if self._renewed_at == self._last_beat:

@@ -129,6 +129,9 @@ def _open_leased(rt: Runtime, turn_id: str, lease: TurnLease, started: int) -> _
                 runner = TurnRunner(rt, info, lease, watch)
                 if started <= rt.settings.max_turn_deliveries:
                     opened = runner.open(conn)
+                    # Renewals failed for longer than the lease while it waited: another
+                    # runner may hold the turn, so the start is rolled back (``lease_lost``).
+                    lease.check()
     except Exception as exc:
         if runner is None:  # the read failed: nothing was decided under the lease
             lease.give_back()
@@ -189,6 +192,8 @@ def _run_counted(
     turn_id = info.turn_id
     try:
         if started > rt.settings.max_turn_deliveries:
+            if opened is not None and opened.failure is not None:
+                log.error("turn %s: reading it failed: %s", turn_id, opened.failure)
             return _give_up(rt, info, lease, started)
         outcome = _run_leased(rt, info, lease, opened)
     finally:

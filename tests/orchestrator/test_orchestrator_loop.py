@@ -377,6 +377,39 @@ def test_a_turn_whose_start_waits_keeps_its_lease_meanwhile(
     assert h.kinds().count("turn_started") == 1 and "turn_resumed" not in h.kinds()
 
 
+def test_a_start_whose_lease_was_taken_over_meanwhile_is_rolled_back(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Renewals failed while the read-and-start transaction waited (another runner holds
+    the lease now): the start is not committed, and nothing is announced."""
+    h = harness
+    settings = h.runtime.settings.model_copy(update={"lease_s": 1.0, "lease_renew_s": 0.2})
+    h.runtime = dataclasses.replace(h.runtime, settings=settings)
+    rt = h.runtime
+    h.model.steps = [say("hello")]
+    turn_id = _admitted(h, h.turn("hi"))
+    leases: list[TurnLease] = []
+    keep_alive, start_turn = TurnLease.keep_alive, store.start_turn
+
+    def kept_alive(lease: TurnLease) -> None:
+        leases.append(lease)
+        keep_alive(lease)
+
+    def start_then_taken_over(conn: Connection, *args: Any, **kwargs: Any) -> store.Opened:
+        opened = start_turn(conn, *args, **kwargs)
+        rt.redis.set(rt.keys.turn_lease(turn_id), "another-runner")
+        wait_until(leases[0].lost.is_set, WAIT_S, "the heartbeat to find the lease taken")
+        return opened
+
+    monkeypatch.setattr(TurnLease, "keep_alive", kept_alive)
+    monkeypatch.setattr(store, "start_turn", start_then_taken_over)
+
+    assert h.run(turn_id) == "lease_lost"
+
+    assert _turn(h, turn_id).status == "queued", "its start was rolled back"
+    assert h.kinds() == [] and h.model.requests == []
+
+
 def test_a_start_that_fails_under_the_lease_fails_the_turn(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
